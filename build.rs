@@ -1,0 +1,26 @@
+//! Compiles our HLO schema (`proto/xla/*.proto`) with protox, a pure-Rust
+//! protobuf compiler, so no system `protoc` is needed. Maps become BTreeMaps
+//! so that encoding is deterministic (same module, same bytes).
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let protos = ["proto/xla/hlo.proto", "proto/xla/xla.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    println!("cargo:rerun-if-changed=proto/xla/xla_data.proto");
+
+    let fds = protox::compile(protos, ["proto"])?;
+    // The descriptor set travels with the library: the decoder uses it to
+    // prove that no field of an input is unknown to us (prost would drop it).
+    std::fs::write(
+        out.join("xla_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    prost_build::Config::new()
+        .btree_map(["."])
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,441 @@
+//! Emits new instructions into a computation, with result shapes (and
+//! layouts) filled in by [`super::infer`].
+//!
+//! Instructions are collected in emission order (operands before users) and
+//! spliced in front of an anchor instruction by [`Builder::insert_before`].
+//! A builder never panics on a malformed request: the first inconsistency is
+//! remembered and returned when the instructions are inserted.
+
+use super::groups::ReplicaGroups;
+use super::{CompId, InstrId, Module, infer, shape};
+use crate::proto::hlo_instruction_proto::{ReplicaGroupList, SliceDimensions};
+use crate::proto::{
+    CollectiveDeviceListProto, HloInstructionProto, LiteralProto, OpMetadata, PaddingConfig,
+    PrimitiveType, ReplicaGroup, ShapeProto, SourceTarget, padding_config::PaddingConfigDimension,
+};
+
+/// An emitted (or existing) instruction and its shape.
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub id: InstrId,
+    pub shape: ShapeProto,
+}
+
+impl Value {
+    pub fn dims(&self) -> &[i64] {
+        &self.shape.dimensions
+    }
+
+    pub fn element_type(&self) -> i32 {
+        self.shape.element_type
+    }
+}
+
+pub struct Builder<'m> {
+    module: &'m mut Module,
+    comp: CompId,
+    out: Vec<HloInstructionProto>,
+    metadata: Option<OpMetadata>,
+    error: Option<String>,
+}
+
+impl<'m> Builder<'m> {
+    /// A builder for computation `comp`; every instruction gets `metadata`.
+    pub fn new(module: &'m mut Module, comp: CompId, metadata: Option<OpMetadata>) -> Self {
+        Builder {
+            module,
+            comp,
+            out: Vec::new(),
+            metadata,
+            error: None,
+        }
+    }
+
+    pub fn fresh_channel_id(&mut self) -> i64 {
+        self.module.fresh_channel_id()
+    }
+
+    /// How many instructions have been emitted so far.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty()
+    }
+
+    /// Splices the emitted instructions in front of `anchor`.
+    pub fn insert_before(self, anchor: InstrId) -> Result<Vec<InstrId>, String> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let ids = self.out.iter().map(|i| InstrId(i.id)).collect();
+        self.module.insert_before(self.comp, anchor, self.out);
+        Ok(ids)
+    }
+
+    /// Adds `instr` (opcode and attributes set; shape set where the result
+    /// type or dimensions are not implied by the operands).
+    fn add(&mut self, instr: HloInstructionProto, operands: &[&Value]) -> Value {
+        let base = instr.opcode.replace('-', "_");
+        self.add_named(instr, operands, &base)
+    }
+
+    fn add_named(
+        &mut self,
+        mut instr: HloInstructionProto,
+        operands: &[&Value],
+        base: &str,
+    ) -> Value {
+        instr.operand_ids = operands.iter().map(|v| v.id.0).collect();
+        instr.id = self.module.fresh_instr_id(self.comp).0;
+        instr.name = self.module.fresh_name(base);
+        if instr.metadata.is_none() {
+            instr.metadata = self.metadata.clone();
+        }
+        let shapes: Vec<&ShapeProto> = operands.iter().map(|v| &v.shape).collect();
+        let shape = match infer::expected_shape(&instr, &shapes) {
+            // A declared shape that agrees with the inferred one keeps its
+            // layout (results that must match an existing instruction's).
+            Ok(Some(s))
+                if instr
+                    .shape
+                    .as_ref()
+                    .is_some_and(|d| shape::compatible(d, &s) && d.layout.is_some()) =>
+            {
+                instr.shape.clone().unwrap_or(s)
+            }
+            Ok(Some(mut s)) => {
+                with_layouts(&mut s);
+                s
+            }
+            Ok(None) => instr.shape.clone().unwrap_or_default(),
+            Err(e) => {
+                self.error
+                    .get_or_insert_with(|| format!("building {}: {e}", instr.opcode));
+                instr.shape.clone().unwrap_or_default()
+            }
+        };
+        instr.shape = Some(shape.clone());
+        let id = InstrId(instr.id);
+        self.out.push(instr);
+        Value { id, shape }
+    }
+
+    fn op(opcode: &str) -> HloInstructionProto {
+        HloInstructionProto {
+            opcode: opcode.to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn op_with_shape(opcode: &str, shape: ShapeProto) -> HloInstructionProto {
+        HloInstructionProto {
+            opcode: opcode.to_string(),
+            shape: Some(shape),
+            ..Default::default()
+        }
+    }
+
+    pub fn constant(&mut self, literal: LiteralProto) -> Value {
+        let shape = literal.shape.clone().unwrap_or_default();
+        let mut i = Self::op_with_shape("constant", shape);
+        i.literal = Some(literal);
+        self.add(i, &[])
+    }
+
+    pub fn f32_scalar(&mut self, v: f32) -> Value {
+        self.constant(LiteralProto {
+            shape: Some(shape::scalar(PrimitiveType::F32)),
+            f32s: vec![v],
+            ..Default::default()
+        })
+    }
+
+    pub fn s32_scalar(&mut self, v: i32) -> Value {
+        self.s32_array_or_scalar(&[v], true)
+    }
+
+    pub fn s32_array(&mut self, v: &[i32]) -> Value {
+        self.s32_array_or_scalar(v, false)
+    }
+
+    fn s32_array_or_scalar(&mut self, v: &[i32], scalar: bool) -> Value {
+        let dims: &[i64] = if scalar { &[] } else { &[v.len() as i64] };
+        self.constant(LiteralProto {
+            shape: Some(shape::array(PrimitiveType::S32, dims)),
+            s32s: v.to_vec(),
+            ..Default::default()
+        })
+    }
+
+    /// A scalar zero of any array element type equarx emits.
+    pub fn zero(&mut self, ty: PrimitiveType) -> Value {
+        let mut lit = LiteralProto {
+            shape: Some(shape::scalar(ty)),
+            ..Default::default()
+        };
+        match ty {
+            PrimitiveType::F32 => lit.f32s = vec![0.0],
+            PrimitiveType::S32 => lit.s32s = vec![0],
+            PrimitiveType::U32 => lit.u32s = vec![0],
+            PrimitiveType::S8 => lit.s8s = vec![0],
+            PrimitiveType::Bf16 => lit.bf16s = vec![0, 0],
+            PrimitiveType::F16 => lit.f16s = vec![0, 0],
+            PrimitiveType::Pred => lit.preds = vec![false],
+            other => {
+                self.error
+                    .get_or_insert_with(|| format!("no zero constant for {other:?}"));
+            }
+        }
+        self.constant(lit)
+    }
+
+    /// Adds a copy of `proto` (an existing instruction's attributes) with new
+    /// operands and shape; id and name are fresh.
+    pub fn clone_with(
+        &mut self,
+        proto: &HloInstructionProto,
+        operands: &[&Value],
+        shape: ShapeProto,
+    ) -> Value {
+        let mut i = proto.clone();
+        i.shape = Some(shape);
+        i.control_predecessor_ids.clear();
+        self.add_named(i, operands, &proto.name)
+    }
+
+    /// `convert` whose result is exactly `result` (type, dims and layout).
+    pub fn convert_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
+        self.add(Self::op_with_shape("convert", result.clone()), &[x])
+    }
+
+    /// `reshape` whose result is exactly `result` (type, dims and layout).
+    pub fn reshape_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
+        self.add(Self::op_with_shape("reshape", result.clone()), &[x])
+    }
+
+    pub fn convert(&mut self, x: &Value, ty: PrimitiveType) -> Value {
+        self.add(Self::op_with_shape("convert", shape::scalar(ty)), &[x])
+    }
+
+    pub fn bitcast_convert(&mut self, x: &Value, ty: PrimitiveType) -> Value {
+        self.add(
+            Self::op_with_shape("bitcast-convert", shape::scalar(ty)),
+            &[x],
+        )
+    }
+
+    pub fn reshape(&mut self, x: &Value, dims: &[i64]) -> Value {
+        self.add(
+            Self::op_with_shape("reshape", shape::with_dims(&x.shape, dims)),
+            &[x],
+        )
+    }
+
+    /// Broadcast `x` into `dims`; operand dim i becomes output dim `map[i]`.
+    pub fn broadcast(&mut self, x: &Value, dims: &[i64], map: &[i64]) -> Value {
+        let mut i = Self::op_with_shape("broadcast", shape::with_dims(&x.shape, dims));
+        i.dimensions = map.to_vec();
+        self.add(i, &[x])
+    }
+
+    pub fn unary(&mut self, opcode: &str, x: &Value) -> Value {
+        self.add(Self::op(opcode), &[x])
+    }
+
+    pub fn binary(&mut self, opcode: &str, a: &Value, b: &Value) -> Value {
+        self.add(Self::op(opcode), &[a, b])
+    }
+
+    pub fn add_op(&mut self, a: &Value, b: &Value) -> Value {
+        self.binary("add", a, b)
+    }
+
+    pub fn multiply(&mut self, a: &Value, b: &Value) -> Value {
+        self.binary("multiply", a, b)
+    }
+
+    pub fn divide(&mut self, a: &Value, b: &Value) -> Value {
+        self.binary("divide", a, b)
+    }
+
+    /// `clamp(lo, x, hi)`; the bounds may be scalars.
+    pub fn clamp(&mut self, lo: &Value, x: &Value, hi: &Value) -> Value {
+        self.add(Self::op("clamp"), &[lo, x, hi])
+    }
+
+    /// `compare(a, b), direction=dir` (EQ, NE, LT, LE, GT, GE).
+    pub fn compare(&mut self, a: &Value, b: &Value, dir: &str) -> Value {
+        let mut i = Self::op("compare");
+        i.comparison_direction = dir.to_string();
+        self.add(i, &[a, b])
+    }
+
+    pub fn select(&mut self, pred: &Value, on_true: &Value, on_false: &Value) -> Value {
+        self.add(Self::op("select"), &[pred, on_true, on_false])
+    }
+
+    /// Reduces `x` over `dims` with the scalar computation `reducer`.
+    pub fn reduce(&mut self, x: &Value, init: &Value, dims: &[i64], reducer: CompId) -> Value {
+        let mut i = Self::op("reduce");
+        i.dimensions = dims.to_vec();
+        i.called_computation_ids = vec![reducer.0];
+        self.add(i, &[x, init])
+    }
+
+    pub fn iota(&mut self, ty: PrimitiveType, dims: &[i64], dim: i64) -> Value {
+        let mut i = Self::op_with_shape("iota", shape::array(ty, dims));
+        i.dimensions = vec![dim];
+        self.add(i, &[])
+    }
+
+    pub fn slice(&mut self, x: &Value, starts: &[i64], limits: &[i64]) -> Value {
+        let mut i = Self::op("slice");
+        i.slice_dimensions = starts
+            .iter()
+            .zip(limits)
+            .map(|(&start, &limit)| SliceDimensions {
+                start,
+                limit,
+                stride: 1,
+            })
+            .collect();
+        self.add(i, &[x])
+    }
+
+    pub fn dynamic_slice(&mut self, x: &Value, starts: &[Value], sizes: &[i64]) -> Value {
+        let mut i = Self::op("dynamic-slice");
+        i.dynamic_slice_sizes = sizes.to_vec();
+        let mut ops = vec![x];
+        ops.extend(starts);
+        self.add(i, &ops)
+    }
+
+    pub fn dynamic_update_slice(&mut self, x: &Value, update: &Value, starts: &[Value]) -> Value {
+        let mut ops = vec![x, update];
+        ops.extend(starts);
+        self.add(Self::op("dynamic-update-slice"), &ops)
+    }
+
+    pub fn concatenate(&mut self, xs: &[Value], dim: i64) -> Value {
+        let mut i = Self::op("concatenate");
+        i.dimensions = vec![dim];
+        let ops: Vec<&Value> = xs.iter().collect();
+        self.add(i, &ops)
+    }
+
+    /// Edge padding only: `(low, high)` per dimension.
+    pub fn pad(&mut self, x: &Value, value: &Value, edges: &[(i64, i64)]) -> Value {
+        let mut i = Self::op("pad");
+        i.padding_config = Some(PaddingConfig {
+            dimensions: edges
+                .iter()
+                .map(|&(lo, hi)| PaddingConfigDimension {
+                    edge_padding_low: lo,
+                    edge_padding_high: hi,
+                    interior_padding: 0,
+                })
+                .collect(),
+        });
+        self.add(i, &[x, value])
+    }
+
+    pub fn tuple(&mut self, xs: &[Value]) -> Value {
+        let ops: Vec<&Value> = xs.iter().collect();
+        self.add(Self::op("tuple"), &ops)
+    }
+
+    pub fn get_tuple_element(&mut self, x: &Value, index: i64) -> Value {
+        let mut i = Self::op("get-tuple-element");
+        i.tuple_index = index;
+        self.add(i, &[x])
+    }
+
+    pub fn replica_id(&mut self) -> Value {
+        self.add(Self::op("replica-id"), &[])
+    }
+
+    pub fn partition_id(&mut self) -> Value {
+        self.add(Self::op("partition-id"), &[])
+    }
+
+    /// A collective-permute over `pairs` (source → target ids). With a
+    /// channel id the ids are partition ids, without one replica ids.
+    pub fn collective_permute(
+        &mut self,
+        x: &Value,
+        pairs: &[(i64, i64)],
+        channel: Option<i64>,
+    ) -> Value {
+        let mut i = Self::op("collective-permute");
+        i.source_target_pairs = pairs
+            .iter()
+            .map(|&(source, target)| SourceTarget { source, target })
+            .collect();
+        i.channel_id = channel.unwrap_or(0);
+        self.add(i, &[x])
+    }
+
+    /// The async form of [`Builder::collective_permute`]: a start whose
+    /// shape is `(input, output, u32[], u32[])`, as XLA's async collective
+    /// creator makes it, and the matching done.
+    pub fn collective_permute_start(
+        &mut self,
+        x: &Value,
+        pairs: &[(i64, i64)],
+        channel: Option<i64>,
+    ) -> Value {
+        let u32s = shape::scalar(PrimitiveType::U32);
+        let shape = shape::tuple(vec![x.shape.clone(), x.shape.clone(), u32s.clone(), u32s]);
+        let mut i = Self::op_with_shape("collective-permute-start", shape);
+        i.source_target_pairs = pairs
+            .iter()
+            .map(|&(source, target)| SourceTarget { source, target })
+            .collect();
+        i.channel_id = channel.unwrap_or(0);
+        self.add(i, &[x])
+    }
+
+    pub fn collective_permute_done(&mut self, start: &Value) -> Value {
+        self.add(Self::op("collective-permute-done"), &[start])
+    }
+
+    /// An all-gather along `dim` over explicit `groups`.
+    pub fn all_gather(
+        &mut self,
+        x: &Value,
+        dim: i64,
+        groups: &[Vec<i64>],
+        channel: Option<i64>,
+        use_global_device_ids: bool,
+    ) -> Value {
+        let mut i = Self::op("all-gather");
+        i.dimensions = vec![dim];
+        i.channel_id = channel.unwrap_or(0);
+        i.use_global_device_ids = use_global_device_ids;
+        i.replica_group_list = Some(ReplicaGroupList::CollectiveDeviceList(
+            CollectiveDeviceListProto {
+                replica_groups: groups
+                    .iter()
+                    .map(|g| ReplicaGroup {
+                        replica_ids: g.clone(),
+                    })
+                    .collect(),
+                iota_replica_group_list: None,
+            },
+        ));
+        debug_assert!(ReplicaGroups::of(&i).is_ok());
+        self.add(i, &[x])
+    }
+}
+
+/// Gives every array in `s` XLA's default layout if it has none.
+fn with_layouts(s: &mut ShapeProto) {
+    if shape::is_tuple(s) {
+        s.tuple_shapes.iter_mut().for_each(with_layouts);
+    } else if shape::is_array(s) && s.layout.is_none() {
+        s.layout = Some(Box::new(shape::default_layout(s.dimensions.len())));
+        s.is_dynamic_dimension = vec![false; s.dimensions.len()];
+    }
+}

@@ -1,0 +1,427 @@
+//! The editable view of an `HloModuleProto`.
+//!
+//! Instructions stay the proto messages they were decoded as, so every field,
+//! known to equarx's passes or not, survives an edit. The view adds what a
+//! pass needs on top: instructions and computations by id, users, fresh ids
+//! and names, insertion and removal that keep the schedule (if any) in step.
+//!
+//! Ids are the proto's own: XLA writes instruction ids as
+//! `computation_id << 32 | local_id`, older XLA wrote module-unique small
+//! integers. New ids follow whichever scheme the module uses.
+
+pub mod builder;
+pub mod groups;
+pub mod infer;
+pub mod shape;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::proto::hlo_schedule_proto::InstructionSequence;
+use crate::proto::{
+    HloComputationProto, HloInstructionProto, HloModuleProto, PrimitiveType, ProgramShapeProto,
+};
+
+/// An instruction id as written in the proto (`HloInstructionProto.id`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstrId(pub i64);
+
+/// A computation id as written in the proto (`HloComputationProto.id`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CompId(pub i64);
+
+/// How the module numbers its instructions.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum IdScheme {
+    /// `computation_id << 32 | local_id` (current XLA).
+    Packed,
+    /// Module-unique integers (older XLA, hand-written modules).
+    Flat,
+}
+
+/// One computation: its proto header (with `instructions` moved out) and its
+/// instructions in proto order, which is operands-before-users.
+#[derive(Clone, Debug)]
+pub struct Computation {
+    header: HloComputationProto,
+    instrs: Vec<HloInstructionProto>,
+    pos: HashMap<InstrId, usize>,
+}
+
+impl Computation {
+    fn new(mut header: HloComputationProto) -> Self {
+        let instrs = std::mem::take(&mut header.instructions);
+        let mut c = Computation {
+            header,
+            instrs,
+            pos: HashMap::new(),
+        };
+        c.reindex();
+        c
+    }
+
+    fn reindex(&mut self) {
+        self.pos.clear();
+        for (i, instr) in self.instrs.iter().enumerate() {
+            // Keep the first of duplicate ids; the verifier reports the rest.
+            self.pos.entry(InstrId(instr.id)).or_insert(i);
+        }
+    }
+
+    pub fn id(&self) -> CompId {
+        CompId(self.header.id)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.header.name
+    }
+
+    pub fn header(&self) -> &HloComputationProto {
+        &self.header
+    }
+
+    pub fn root_id(&self) -> InstrId {
+        InstrId(self.header.root_id)
+    }
+
+    pub fn is_fusion(&self) -> bool {
+        self.header.is_fusion_computation
+    }
+
+    pub fn instructions(&self) -> &[HloInstructionProto] {
+        &self.instrs
+    }
+
+    pub fn get(&self, id: InstrId) -> Option<&HloInstructionProto> {
+        self.pos.get(&id).map(|&i| &self.instrs[i])
+    }
+
+    pub fn get_mut(&mut self, id: InstrId) -> Option<&mut HloInstructionProto> {
+        self.pos.get(&id).map(|&i| &mut self.instrs[i])
+    }
+
+    pub fn position(&self, id: InstrId) -> Option<usize> {
+        self.pos.get(&id).copied()
+    }
+
+    pub fn contains(&self, id: InstrId) -> bool {
+        self.pos.contains_key(&id)
+    }
+
+    /// Users of every instruction (operand edges only), each list in
+    /// instruction order without repeats.
+    pub fn users(&self) -> HashMap<InstrId, Vec<InstrId>> {
+        let mut users: HashMap<InstrId, Vec<InstrId>> = HashMap::new();
+        for instr in &self.instrs {
+            for &op in &instr.operand_ids {
+                let list = users.entry(InstrId(op)).or_default();
+                if list.last() != Some(&InstrId(instr.id)) {
+                    list.push(InstrId(instr.id));
+                }
+            }
+        }
+        users
+    }
+
+    /// Makes every use of `old` (operands and the root) a use of `new`.
+    pub fn replace_all_uses(&mut self, old: InstrId, new: InstrId) {
+        for instr in &mut self.instrs {
+            if instr.id == new.0 {
+                continue;
+            }
+            for op in &mut instr.operand_ids {
+                if *op == old.0 {
+                    *op = new.0;
+                }
+            }
+        }
+        if self.header.root_id == old.0 {
+            self.header.root_id = new.0;
+        }
+    }
+
+    fn into_proto(mut self) -> HloComputationProto {
+        self.header.instructions = self.instrs;
+        self.header
+    }
+
+    fn to_proto(&self) -> HloComputationProto {
+        let mut header = self.header.clone();
+        header.instructions = self.instrs.clone();
+        header
+    }
+}
+
+/// An `HloModuleProto` opened for editing.
+#[derive(Clone, Debug)]
+pub struct Module {
+    header: HloModuleProto,
+    comps: Vec<Computation>,
+    comp_pos: HashMap<CompId, usize>,
+    scheme: IdScheme,
+    next_local: HashMap<CompId, i64>,
+    next_flat: i64,
+    next_channel: i64,
+    names: HashSet<String>,
+}
+
+impl Module {
+    /// Opens a module. Never fails: malformed modules (duplicate ids, dangling
+    /// references) are the verifier's to report, see [`crate::verify`].
+    pub fn from_proto(mut proto: HloModuleProto) -> Self {
+        let comps: Vec<Computation> = std::mem::take(&mut proto.computations)
+            .into_iter()
+            .map(Computation::new)
+            .collect();
+        let packed = comps.iter().all(|c| {
+            c.instrs
+                .iter()
+                .all(|i| i.id >= 0 && (i.id >> 32) == c.header.id)
+        }) && comps.iter().any(|c| !c.instrs.is_empty());
+        let mut m = Module {
+            header: proto,
+            comps,
+            comp_pos: HashMap::new(),
+            scheme: if packed {
+                IdScheme::Packed
+            } else {
+                IdScheme::Flat
+            },
+            next_local: HashMap::new(),
+            next_flat: 0,
+            next_channel: 1,
+            names: HashSet::new(),
+        };
+        m.reindex_all();
+        m
+    }
+
+    fn reindex_all(&mut self) {
+        self.comp_pos.clear();
+        self.next_local.clear();
+        self.names.clear();
+        let mut max_flat = 0i64;
+        let mut max_channel = 0i64;
+        for (i, c) in self.comps.iter().enumerate() {
+            self.comp_pos.entry(c.id()).or_insert(i);
+            let mut max_local = 0i64;
+            for instr in &c.instrs {
+                max_local = max_local.max(instr.id & 0xffff_ffff);
+                max_flat = max_flat.max(instr.id);
+                max_channel = max_channel.max(instr.channel_id);
+                self.names.insert(instr.name.clone());
+            }
+            self.next_local.insert(c.id(), max_local + 1);
+        }
+        self.next_flat = max_flat.saturating_add(1);
+        self.next_channel = max_channel.saturating_add(1);
+    }
+
+    pub fn into_proto(mut self) -> HloModuleProto {
+        self.header.computations = self
+            .comps
+            .into_iter()
+            .map(Computation::into_proto)
+            .collect();
+        self.header
+    }
+
+    pub fn to_proto(&self) -> HloModuleProto {
+        let mut header = self.header.clone();
+        header.computations = self.comps.iter().map(Computation::to_proto).collect();
+        header
+    }
+
+    /// The module's own fields (name, schedule, config-like fields); its
+    /// `computations` list is empty here, see [`Module::computations`].
+    pub fn header(&self) -> &HloModuleProto {
+        &self.header
+    }
+
+    pub fn name(&self) -> &str {
+        &self.header.name
+    }
+
+    pub fn entry_id(&self) -> CompId {
+        CompId(self.header.entry_computation_id)
+    }
+
+    pub fn computations(&self) -> &[Computation] {
+        &self.comps
+    }
+
+    pub fn computation(&self, id: CompId) -> Option<&Computation> {
+        self.comp_pos.get(&id).map(|&i| &self.comps[i])
+    }
+
+    pub fn computation_mut(&mut self, id: CompId) -> Option<&mut Computation> {
+        self.comp_pos.get(&id).map(|&i| &mut self.comps[i])
+    }
+
+    pub fn is_scheduled(&self) -> bool {
+        self.header
+            .schedule
+            .as_ref()
+            .is_some_and(|s| !s.sequences.is_empty())
+    }
+
+    /// A fresh instruction id for computation `comp`, in the module's scheme.
+    pub fn fresh_instr_id(&mut self, comp: CompId) -> InstrId {
+        match self.scheme {
+            IdScheme::Packed => {
+                let next = self.next_local.entry(comp).or_insert(1);
+                let id = (comp.0 << 32) | *next;
+                *next += 1;
+                InstrId(id)
+            }
+            IdScheme::Flat => {
+                let id = self.next_flat;
+                self.next_flat += 1;
+                InstrId(id)
+            }
+        }
+    }
+
+    /// A channel id no instruction of the module uses yet.
+    pub fn fresh_channel_id(&mut self) -> i64 {
+        let id = self.next_channel;
+        self.next_channel += 1;
+        id
+    }
+
+    /// `base.N` for the smallest N that no instruction of the module has.
+    pub fn fresh_name(&mut self, base: &str) -> String {
+        let mut n = 0usize;
+        loop {
+            let candidate = format!("{base}.{n}");
+            if self.names.insert(candidate.clone()) {
+                return candidate;
+            }
+            n += 1;
+        }
+    }
+
+    /// Inserts `instrs` (operands before users) into `comp` just before
+    /// `anchor`, in the instruction list and in the schedule.
+    pub fn insert_before(
+        &mut self,
+        comp: CompId,
+        anchor: InstrId,
+        instrs: Vec<HloInstructionProto>,
+    ) {
+        let ids: Vec<i64> = instrs.iter().map(|i| i.id).collect();
+        let c = self
+            .computation_mut(comp)
+            .expect("insert_before: computation exists");
+        let at = c.position(anchor).expect("insert_before: anchor exists");
+        c.instrs.splice(at..at, instrs);
+        c.reindex();
+        if let Some(seq) = self.sequence_mut(comp) {
+            let at = seq.iter().position(|&i| i == anchor.0).unwrap_or(seq.len());
+            seq.splice(at..at, ids);
+        }
+    }
+
+    /// Removes instructions from `comp` (and from its schedule). The caller
+    /// has made sure nothing uses them any more.
+    pub fn remove(&mut self, comp: CompId, ids: &[InstrId]) {
+        let gone: HashSet<i64> = ids.iter().map(|i| i.0).collect();
+        let c = self
+            .computation_mut(comp)
+            .expect("remove: computation exists");
+        c.instrs.retain(|i| !gone.contains(&i.id));
+        c.reindex();
+        if let Some(seq) = self.sequence_mut(comp) {
+            seq.retain(|i| !gone.contains(i));
+        }
+    }
+
+    /// Adds `name (a: T[], b: T[]) -> T[] { ROOT opcode(a, b) }` in front of
+    /// all other computations (callees come first in a module proto); in a
+    /// scheduled module it gets its sequence too.
+    pub fn add_scalar_reducer(
+        &mut self,
+        base_name: &str,
+        opcode: &str,
+        ty: PrimitiveType,
+    ) -> CompId {
+        let id = CompId(self.comps.iter().map(|c| c.header.id).max().unwrap_or(0) + 1);
+        let s = shape::scalar(ty);
+        let mut instrs = Vec::new();
+        for (n, pname) in ["lhs", "rhs"].into_iter().enumerate() {
+            instrs.push(HloInstructionProto {
+                name: self.fresh_name(pname),
+                opcode: "parameter".into(),
+                shape: Some(s.clone()),
+                parameter_number: n as i64,
+                ..Default::default()
+            });
+        }
+        instrs.push(HloInstructionProto {
+            name: self.fresh_name(opcode),
+            opcode: opcode.into(),
+            shape: Some(s.clone()),
+            ..Default::default()
+        });
+        for instr in &mut instrs {
+            instr.id = self.fresh_instr_id(id).0;
+        }
+        instrs[2].operand_ids = vec![instrs[0].id, instrs[1].id];
+        let root = instrs[2].id;
+        let ids: Vec<i64> = instrs.iter().map(|i| i.id).collect();
+        let comp = HloComputationProto {
+            name: self.fresh_name(base_name),
+            instructions: instrs,
+            program_shape: Some(ProgramShapeProto {
+                parameters: vec![s.clone(), s.clone()],
+                result: Some(s),
+                parameter_names: vec!["lhs".into(), "rhs".into()],
+            }),
+            id: id.0,
+            root_id: root,
+            ..Default::default()
+        };
+        if self.is_scheduled() {
+            if let Some(sched) = self.header.schedule.as_mut() {
+                sched.sequences.insert(
+                    id.0,
+                    InstructionSequence {
+                        instruction_ids: ids,
+                    },
+                );
+            }
+        }
+        self.comps.insert(0, Computation::new(comp));
+        self.comp_pos = self
+            .comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id(), i))
+            .collect();
+        id
+    }
+
+    fn sequence_mut(&mut self, comp: CompId) -> Option<&mut Vec<i64>> {
+        self.header
+            .schedule
+            .as_mut()
+            .and_then(|s| s.sequences.get_mut(&comp.0))
+            .map(|s| &mut s.instruction_ids)
+    }
+
+    /// The schedule's sequences, computation id → instruction ids.
+    pub fn schedule(&self) -> Option<BTreeMap<i64, &[i64]>> {
+        self.header.schedule.as_ref().map(|s| {
+            s.sequences
+                .iter()
+                .map(|(k, v)| (*k, v.instruction_ids.as_slice()))
+                .collect()
+        })
+    }
+
+    /// Finds an instruction anywhere in the module.
+    pub fn find(&self, id: InstrId) -> Option<(CompId, &HloInstructionProto)> {
+        self.comps
+            .iter()
+            .find_map(|c| c.get(id).map(|i| (c.id(), i)))
+    }
+}

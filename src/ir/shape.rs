@@ -1,0 +1,158 @@
+//! Shapes as XLA writes them: element types, dimensions and layouts.
+//!
+//! Every shape equarx creates carries a layout (XLA's default, major-to-minor
+//! dimension order), because modules taken after layout assignment must stay
+//! fully laid out.
+
+use crate::proto::{LayoutProto, PrimitiveType, ShapeProto};
+
+/// Text spelling and bit width of each element type XLA knows.
+const TYPES: &[(PrimitiveType, &str, u32)] = &[
+    (PrimitiveType::Pred, "pred", 8),
+    (PrimitiveType::S1, "s1", 1),
+    (PrimitiveType::S2, "s2", 2),
+    (PrimitiveType::S4, "s4", 4),
+    (PrimitiveType::S8, "s8", 8),
+    (PrimitiveType::S16, "s16", 16),
+    (PrimitiveType::S32, "s32", 32),
+    (PrimitiveType::S64, "s64", 64),
+    (PrimitiveType::U1, "u1", 1),
+    (PrimitiveType::U2, "u2", 2),
+    (PrimitiveType::U4, "u4", 4),
+    (PrimitiveType::U8, "u8", 8),
+    (PrimitiveType::U16, "u16", 16),
+    (PrimitiveType::U32, "u32", 32),
+    (PrimitiveType::U64, "u64", 64),
+    (PrimitiveType::F16, "f16", 16),
+    (PrimitiveType::Bf16, "bf16", 16),
+    (PrimitiveType::F32, "f32", 32),
+    (PrimitiveType::F64, "f64", 64),
+    (PrimitiveType::F8e5m2, "f8e5m2", 8),
+    (PrimitiveType::F8e4m3, "f8e4m3", 8),
+    (PrimitiveType::F8e4m3fn, "f8e4m3fn", 8),
+    (PrimitiveType::F8e4m3b11fnuz, "f8e4m3b11fnuz", 8),
+    (PrimitiveType::F8e3m4, "f8e3m4", 8),
+    (PrimitiveType::F8e5m2fnuz, "f8e5m2fnuz", 8),
+    (PrimitiveType::F8e4m3fnuz, "f8e4m3fnuz", 8),
+    (PrimitiveType::F4e2m1fn, "f4e2m1fn", 4),
+    (PrimitiveType::F8e8m0fnu, "f8e8m0fnu", 8),
+    (PrimitiveType::C64, "c64", 64),
+    (PrimitiveType::C128, "c128", 128),
+    (PrimitiveType::Tuple, "tuple", 0),
+    (PrimitiveType::OpaqueType, "opaque", 0),
+    (PrimitiveType::Token, "token", 0),
+];
+
+/// The text spelling of an element type (`bf16`, `s8`, …), `None` if the
+/// number is not a type this schema knows.
+pub fn type_name(ty: i32) -> Option<&'static str> {
+    TYPES.iter().find(|t| t.0 as i32 == ty).map(|t| t.1)
+}
+
+/// The element type spelled `name` in HLO text.
+pub fn type_from_name(name: &str) -> Option<PrimitiveType> {
+    TYPES.iter().find(|t| t.1 == name).map(|t| t.0)
+}
+
+/// Bits per element of an array element type (0 for tuple/token/opaque).
+pub fn type_bits(ty: i32) -> Option<u32> {
+    TYPES.iter().find(|t| t.0 as i32 == ty).map(|t| t.2)
+}
+
+pub fn is_float(ty: i32) -> bool {
+    type_name(ty).is_some_and(|n| n.starts_with('f') || n.starts_with("bf"))
+}
+
+pub fn is_integer(ty: i32) -> bool {
+    type_name(ty).is_some_and(|n| n.starts_with('s') || n.starts_with('u'))
+}
+
+/// An array shape with XLA's default layout (`{rank-1,...,0}`).
+pub fn array(ty: PrimitiveType, dims: &[i64]) -> ShapeProto {
+    ShapeProto {
+        element_type: ty as i32,
+        dimensions: dims.to_vec(),
+        is_dynamic_dimension: vec![false; dims.len()],
+        tuple_shapes: vec![],
+        layout: Some(Box::new(default_layout(dims.len()))),
+    }
+}
+
+pub fn scalar(ty: PrimitiveType) -> ShapeProto {
+    array(ty, &[])
+}
+
+pub fn tuple(elements: Vec<ShapeProto>) -> ShapeProto {
+    ShapeProto {
+        element_type: PrimitiveType::Tuple as i32,
+        tuple_shapes: elements,
+        ..Default::default()
+    }
+}
+
+pub fn default_layout(rank: usize) -> LayoutProto {
+    LayoutProto {
+        minor_to_major: (0..rank as i64).rev().collect(),
+        ..Default::default()
+    }
+}
+
+pub fn is_tuple(s: &ShapeProto) -> bool {
+    s.element_type == PrimitiveType::Tuple as i32
+}
+
+pub fn is_array(s: &ShapeProto) -> bool {
+    !is_tuple(s)
+        && s.element_type != PrimitiveType::Token as i32
+        && s.element_type != PrimitiveType::OpaqueType as i32
+}
+
+/// Number of elements of an array shape; `None` when it overflows `u64` or a
+/// dimension is negative.
+pub fn element_count(s: &ShapeProto) -> Option<u64> {
+    s.dimensions.iter().try_fold(1u64, |acc, &d| {
+        u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
+}
+
+/// Bytes of an array shape's data (bits rounded up to whole bytes).
+pub fn byte_size(s: &ShapeProto) -> Option<u64> {
+    let bits = u64::from(type_bits(s.element_type)?);
+    element_count(s)?.checked_mul(bits).map(|b| b.div_ceil(8))
+}
+
+/// Same element type, dimensions and tuple structure; layouts ignored.
+pub fn compatible(a: &ShapeProto, b: &ShapeProto) -> bool {
+    a.element_type == b.element_type
+        && a.dimensions == b.dimensions
+        && a.tuple_shapes.len() == b.tuple_shapes.len()
+        && a.tuple_shapes
+            .iter()
+            .zip(&b.tuple_shapes)
+            .all(|(x, y)| compatible(x, y))
+}
+
+/// `bf16[8,128]`, without layout: for messages and reports.
+pub fn describe(s: &ShapeProto) -> String {
+    if is_tuple(s) {
+        let parts: Vec<String> = s.tuple_shapes.iter().map(describe).collect();
+        return format!("({})", parts.join(", "));
+    }
+    let dims: Vec<String> = s.dimensions.iter().map(i64::to_string).collect();
+    format!(
+        "{}[{}]",
+        type_name(s.element_type).unwrap_or("?"),
+        dims.join(",")
+    )
+}
+
+/// A shape with the same element type and the given dimensions.
+pub fn with_dims(s: &ShapeProto, dims: &[i64]) -> ShapeProto {
+    let ty = PrimitiveType::try_from(s.element_type).unwrap_or(PrimitiveType::Invalid);
+    array(ty, dims)
+}
+
+/// A shape with the same dimensions and another element type.
+pub fn with_type(s: &ShapeProto, ty: PrimitiveType) -> ShapeProto {
+    array(ty, &s.dimensions)
+}

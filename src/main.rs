@@ -1,0 +1,383 @@
+//! The `equarx` command line: a thin shell over the library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+
+use equarx::io::{self, DeviceCounts, Format, Loaded};
+use equarx::passes::{DumpStage, Pipeline};
+use equarx::proto::PrimitiveType;
+use equarx::text::{PrintOptions, print_module_with};
+use equarx::{GatherForm, OpReport, Options, RewriteOptions, ScaleType};
+
+const EXAMPLES: &str = "\
+Examples:
+  # Rewrite the all-reduces of a JAX module and show what happened:
+  equarx rewrite tests/fixtures/tp_block_spmd.pb -o /tmp/tp.eqx.pb --min-payload 0 --report
+
+  # The same, straight to readable HLO text on stdout:
+  equarx rewrite tests/fixtures/psum_bf16_p8.pb -o - --format text --min-payload 0
+
+  # What collectives does a dump hold?
+  equarx analyze module_0012.jit_f.cpu_after_optimizations.hlo.pb
+
+  # Print a module as HLO text that XLA's parser reads back:
+  equarx print tests/fixtures/psum_bf16_p8.pb";
+
+/// EQuARX for XLA: rewrite bf16 sum all-reduces into a block-quantized int8
+/// collective-permute ring that sends about half the bytes.
+///
+/// Inputs may be a bare HloModuleProto (JAX, the PJRT transform hook), an
+/// HloProto (`--xla_dump_hlo_as_proto`) or an HloModuleProtoWithConfig,
+/// optionally gzip-compressed; the format is detected. `-` reads stdin.
+#[derive(Parser)]
+#[command(name = "equarx", version, after_help = EXAMPLES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Rewrite eligible all-reduces into the quantized ring.
+    #[command(after_help = EXAMPLES)]
+    Rewrite(RewriteArgs),
+    /// Print a module as HLO text (constants in full, so XLA parses it back).
+    Print(PrintArgs),
+    /// List every collective: shape, type, group size, group mode, bytes.
+    Analyze(AnalyzeArgs),
+}
+
+#[derive(Args)]
+struct InputArgs {
+    /// The module to read (`-` for stdin).
+    input: PathBuf,
+    /// The input's container, if detection should not decide.
+    #[arg(long, value_enum)]
+    input_format: Option<Format>,
+}
+
+#[derive(Args)]
+struct RewriteArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    /// Where to write the rewritten module (`-` for stdout). Written through
+    /// a temporary file and a rename: never half-written.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Output container; default: the input's (`.txt`/`.hlo` names mean
+    /// text, a `.gz` suffix compresses).
+    #[arg(long, value_enum)]
+    format: Option<Format>,
+    /// Print a table of every all-reduce: decision, reason, group, bytes on
+    /// the wire before and after, predicted error.
+    #[arg(long)]
+    report: bool,
+    /// Write the report as JSON to this file (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    report_json: Option<PathBuf>,
+    /// Write HLO text of the module before and after each pass here.
+    #[arg(long, value_name = "DIR")]
+    dump_dir: Option<PathBuf>,
+    /// Skip a pass by name (e.g. quantized-all-reduce).
+    #[arg(long, value_name = "PASS")]
+    disable_pass: Vec<String>,
+    #[command(flatten)]
+    pass: PassArgs,
+}
+
+/// The pass's knobs. Defaults are documented in the README ("Options").
+#[derive(Args)]
+struct PassArgs {
+    /// Elements per quantization block (B): one f32 scale per block.
+    #[arg(long, default_value_t = Options::default().block_size)]
+    block_size: usize,
+    /// Independent sub-chunk chains per ring direction (D).
+    #[arg(long, default_value_t = Options::default().pipeline_depth)]
+    pipeline_depth: usize,
+    /// Send half of every chunk each way round the ring.
+    #[arg(long)]
+    bidirectional: bool,
+    /// Leave all-reduces whose payload is smaller than this many bytes
+    /// (suffixes KiB, MiB, GiB accepted).
+    #[arg(long, value_parser = parse_bytes, default_value = "1MiB")]
+    min_payload: u64,
+    /// Element types to quantize, comma-separated (bf16, f16, f32). XLA:CPU
+    /// promotes bf16 all-reduces to f32 before scheduling: use bf16,f32
+    /// there.
+    #[arg(long, value_delimiter = ',', default_value = "bf16")]
+    types: Vec<String>,
+    /// Type of the per-block scales on the wire.
+    #[arg(long, value_enum, default_value = "f32")]
+    scale_type: ScaleType,
+    /// How the reduced chunks are gathered.
+    #[arg(long, value_enum, default_value = "all-gather")]
+    gather: GatherForm,
+    /// Replicas the module runs with, if the module does not say.
+    #[arg(long)]
+    replica_count: Option<i64>,
+    /// Partitions the module runs with, if the module does not say.
+    #[arg(long)]
+    num_partitions: Option<i64>,
+}
+
+#[derive(Args)]
+struct PrintArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    /// Write here instead of stdout.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Rename instructions `base.N` in print order (stable snapshots).
+    #[arg(long)]
+    canonical: bool,
+}
+
+#[derive(Args)]
+struct AnalyzeArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Rewrite(a) => rewrite(a),
+        Command::Print(a) => print(a),
+        Command::Analyze(a) => analyze(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
+            eprintln!("equarx: error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(input: &InputArgs) -> Result<Loaded> {
+    let name = input.input.display().to_string();
+    let bytes = io::read_path(&input.input).with_context(|| format!("cannot read {name}"))?;
+    io::decode(&bytes, input.input_format).with_context(|| name)
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = [
+        ("GiB", 1u64 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ]
+    .iter()
+    .find_map(|(suffix, m)| s.strip_suffix(suffix).map(|n| (n.trim(), *m)))
+    .unwrap_or((s, 1));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count like 65536 or 1MiB"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s} is too large"))
+}
+
+fn pass_options(a: &PassArgs) -> Result<RewriteOptions> {
+    let mut types = Vec::new();
+    for t in &a.types {
+        let ty = match t.trim() {
+            "bf16" => PrimitiveType::Bf16,
+            "f16" => PrimitiveType::F16,
+            "f32" => PrimitiveType::F32,
+            other => bail!("--types: {other:?} is not one of bf16, f16, f32"),
+        };
+        types.push(ty);
+    }
+    for (name, v) in [
+        ("--replica-count", a.replica_count),
+        ("--num-partitions", a.num_partitions),
+    ] {
+        if v.is_some_and(|v| v < 1) {
+            bail!("{name} must be at least 1");
+        }
+    }
+    let pass = Options {
+        block_size: a.block_size,
+        pipeline_depth: a.pipeline_depth,
+        bidirectional: a.bidirectional,
+        min_payload_bytes: a.min_payload,
+        element_types: types,
+        scale_type: a.scale_type,
+        gather: a.gather,
+    };
+    pass.validate().map_err(anyhow::Error::msg)?;
+    Ok(RewriteOptions {
+        pass,
+        counts: DeviceCounts {
+            replica_count: a.replica_count,
+            num_partitions: a.num_partitions,
+        },
+        disabled_passes: vec![],
+    })
+}
+
+fn rewrite(a: RewriteArgs) -> Result<()> {
+    let mut options = pass_options(&a.pass)?;
+    options.disabled_passes = a.disable_pass.clone();
+    let loaded = load(&a.input)?;
+    let name = a.input.input.display().to_string();
+    let mut pipeline = Pipeline::new();
+    if let Some(dir) = &a.dump_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = dir.clone();
+        let counts = loaded.counts;
+        let mut n = 0usize;
+        pipeline.dump_with(Box::new(move |pass, stage, module| {
+            let stage = match stage {
+                DumpStage::Before => "before",
+                DumpStage::After => "after",
+            };
+            let text = equarx::text::print_module(&module.to_proto(), &counts)
+                .map_err(|e| e.to_string())?;
+            let path = dir.join(format!("{n:02}.{pass}.{stage}.txt"));
+            n += 1;
+            io::write_atomic(&path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
+        }));
+    }
+    let counts = loaded.counts;
+    let result = equarx::rewrite_with(loaded.module.clone(), counts, &options, &mut pipeline)
+        .with_context(|| name.clone())?;
+    let (ext_format, gzip) = io::format_from_extension(&a.output);
+    let format = a.format.or(ext_format);
+    let out_counts = DeviceCounts {
+        replica_count: options.counts.replica_count.or(counts.replica_count),
+        num_partitions: options.counts.num_partitions.or(counts.num_partitions),
+    };
+    let bytes = encode(&loaded, &result.module, format, gzip, out_counts)?;
+    io::write_atomic(&a.output, &bytes)
+        .with_context(|| format!("cannot write {}", a.output.display()))?;
+    let to_stdout = a.output == Path::new("-");
+    if a.report {
+        let table = report_table(&result.report);
+        if to_stdout {
+            eprint!("{table}")
+        } else {
+            print!("{table}")
+        }
+    }
+    if let Some(path) = &a.report_json {
+        let json = serde_json::to_string_pretty(&result.report)? + "\n";
+        io::write_atomic(path, json.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn encode(
+    loaded: &Loaded,
+    module: &equarx::proto::HloModuleProto,
+    format: Option<Format>,
+    gzip: bool,
+    counts: DeviceCounts,
+) -> Result<Vec<u8>> {
+    if format == Some(Format::Text) {
+        let text = equarx::text::print_module(module, &counts)?;
+        return Ok(if gzip {
+            loaded.encode(module, Some(Format::Text), true)?
+        } else {
+            text.into_bytes()
+        });
+    }
+    Ok(loaded.encode(module, format, gzip || (format.is_none() && loaded.gzip))?)
+}
+
+fn report_table(report: &[OpReport]) -> String {
+    let mut out = format!(
+        "{:<28} {:<22} {:>4} {:<14} {:<9} {:>12} {:>12} {:>6} {:>8}  reason\n",
+        "all-reduce",
+        "shape",
+        "P",
+        "mode",
+        "decision",
+        "wire before",
+        "wire after",
+        "ratio",
+        "rel.err"
+    );
+    for r in report {
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        out.push_str(&format!(
+            "{:<28} {:<22} {:>4} {:<14} {:<9} {:>12} {:>12} {:>6} {:>8}  {}\n",
+            r.name,
+            r.shape,
+            r.group_size.map_or("-".into(), |p| p.to_string()),
+            r.mode,
+            if r.rewritten { "rewritten" } else { "skipped" },
+            opt(r.wire_bytes_before),
+            opt(r.wire_bytes_after),
+            r.wire_ratio().map_or("-".into(), |x| format!("{x:.3}")),
+            r.predicted_rel_rms
+                .map_or("-".into(), |e| format!("{:.2}%", e * 100.0)),
+            r.reason.as_deref().unwrap_or(""),
+        ));
+    }
+    let rewritten = report.iter().filter(|r| r.rewritten).count();
+    out.push_str(&format!(
+        "{rewritten} of {} all-reduces rewritten\n",
+        report.len()
+    ));
+    out
+}
+
+fn print(a: PrintArgs) -> Result<()> {
+    let loaded = load(&a.input)?;
+    let text = print_module_with(
+        &loaded.module,
+        &loaded.counts,
+        PrintOptions {
+            canonical_names: a.canonical,
+        },
+    )
+    .with_context(|| a.input.input.display().to_string())?;
+    match &a.output {
+        Some(path) => io::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display())),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+fn analyze(a: AnalyzeArgs) -> Result<()> {
+    let loaded = load(&a.input)?;
+    let module = equarx::ir::Module::from_proto(loaded.module);
+    equarx::verify::verify(&module).with_context(|| a.input.input.display().to_string())?;
+    let list = equarx::analyze::collectives(&module);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:<20} {:<26} {:>5} {:>6} {:<16} {:<10} {:>10}",
+        "name", "opcode", "shape", "group", "groups", "mode", "encoding", "bytes"
+    );
+    for c in &list {
+        println!(
+            "{:<28} {:<20} {:<26} {:>5} {:>6} {:<16} {:<10} {:>10}",
+            c.name,
+            c.opcode,
+            c.shape,
+            c.group_size.map_or("-".into(), |g| g.to_string()),
+            c.groups.map_or("-".into(), |g| g.to_string()),
+            c.mode,
+            c.encoding.as_deref().unwrap_or("-"),
+            c.payload_bytes
+        );
+    }
+    println!("{} collectives", list.len());
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The numerics contract of the quantized all-reduce, written once.
+//!
+//! Every hop of the ring and the final all-gather quantize with
+//! [`quantize_block`]; the emitted HLO (`passes/quantized_all_reduce/emit.rs`)
+//! performs exactly these operations, and this Rust version is the
+//! reference the tests and the simulator hold it to.
+//!
+//! - **Blocks.** Symmetric absmax per block of `B` consecutive elements.
+//! - **Scale.** `scale = absmax · fl(1/127)`: a multiplication by the f32
+//!   reciprocal, not a division, because XLA rewrites division by a constant
+//!   into that multiplication on some backends; writing it explicitly makes
+//!   every backend compute the same bits.
+//! - **Codes.** `q = clamp(round_nearest_even(v / scale), -127, 127)` as s8.
+//!   An all-zero block has `scale = 0` and `q = 0` (the 0/0 is selected away).
+//! - **Dequantize.** `q · scale` in f32. Sums are accumulated in f32, never in
+//!   the narrow type.
+//! - **Non-finite input.** A NaN or Inf makes its block's absmax, hence its
+//!   scale, non-finite; `q · scale` is then NaN or Inf for the whole block,
+//!   and stays so through every later hop. Never a finite wrong value.
+//! - **Bit-identical participants.** The owner of a chunk does not keep its
+//!   f32 sum: it quantizes it once and every participant, the owner
+//!   included, dequantizes the same int8 codes and scales with the same
+//!   operation.
+
+pub mod error;
+
+/// Largest code magnitude: codes lie in `[-127, 127]` (symmetric, no -128).
+pub const QMAX: f32 = 127.0;
+
+/// `fl(1/127)`, the f32 constant the scale is computed with.
+pub const INV_QMAX: f32 = 1.0 / 127.0;
+
+/// The scale of a block: `absmax · fl(1/127)`; NaN if the block holds one.
+pub fn block_scale(v: &[f32]) -> f32 {
+    // f32::max ignores NaN; XLA's maximum propagates it, and so do we.
+    let absmax = v.iter().fold(0.0f32, |m, &x| {
+        if m.is_nan() || x.is_nan() {
+            f32::NAN
+        } else {
+            m.max(x.abs())
+        }
+    });
+    absmax * INV_QMAX
+}
+
+/// Quantizes one block: codes and the block's scale.
+pub fn quantize_block(v: &[f32]) -> (Vec<i8>, f32) {
+    let scale = block_scale(v);
+    let codes = v.iter().map(|&x| code(x, scale)).collect();
+    (codes, scale)
+}
+
+/// One element's code under `scale`.
+pub fn code(x: f32, scale: f32) -> i8 {
+    let q = if scale == 0.0 { 0.0 } else { x / scale };
+    let q = q.round_ties_even().clamp(-QMAX, QMAX);
+    // XLA converts NaN to 0 (the dequantized block is NaN through the scale).
+    if q.is_nan() { 0 } else { q as i8 }
+}
+
+/// Dequantizes codes with their block's scale.
+pub fn dequantize(codes: &[i8], scale: f32) -> impl Iterator<Item = f32> + '_ {
+    codes.iter().map(move |&q| f32::from(q) * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_symmetric_and_round_to_even() {
+        // absmax 127 → scale ≈ 1; 2.5 → 2, 3.5 → 4 (ties to even).
+        let (q, s) = quantize_block(&[127.0, -127.0, 2.5, 3.5, 0.0]);
+        assert!((s - 1.0).abs() < 1e-6);
+        assert_eq!(q[0], 127);
+        assert_eq!(q[1], -127);
+        assert_eq!(&q[2..], &[2, 4, 0]);
+    }
+
+    #[test]
+    fn zero_block_has_zero_scale_and_codes() {
+        let (q, s) = quantize_block(&[0.0; 8]);
+        assert_eq!(s, 0.0);
+        assert!(q.iter().all(|&c| c == 0));
+    }
+
+    #[test]
+    fn non_finite_blocks_dequantize_non_finite() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let (q, s) = quantize_block(&[1.0, bad, -2.0]);
+            assert!(dequantize(&q, s).all(|x| !x.is_finite()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn error_is_within_half_a_step() {
+        let v: Vec<f32> = (0..128).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+        let (q, s) = quantize_block(&v);
+        for (x, y) in v.iter().zip(dequantize(&q, s)) {
+            assert!((x - y).abs() <= s * 0.5 + 1e-6);
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The pass manager, in the rustc style: passes are named, pure
+//! transformations `&mut Module -> Result<changed>`; the manager owns the
+//! cross-cutting work — verify the input, verify after every pass (naming the
+//! pass that broke the module), before/after dumps on request, and
+//! enabling/disabling passes by name.
+
+pub mod quantized_all_reduce;
+
+use std::collections::BTreeSet;
+
+use crate::ir::Module;
+use crate::verify::{VerifyError, verify};
+
+/// A module transformation.
+pub trait Pass {
+    /// Kebab-case name, used to disable the pass and to name dumps.
+    fn name(&self) -> &'static str;
+    /// Transforms `module`; `Ok(true)` if anything changed.
+    fn run(&mut self, module: &mut Module) -> Result<bool, PassError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("{0}")]
+    Failed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("input module is malformed: {0}")]
+    InvalidInput(VerifyError),
+    #[error("pass {pass} failed: {error}")]
+    Pass {
+        pass: &'static str,
+        error: PassError,
+    },
+    #[error("pass {pass} produced a malformed module (a bug in equarx, please report it): {error}")]
+    BrokeModule {
+        pass: &'static str,
+        error: VerifyError,
+    },
+    #[error("dump: {0}")]
+    Dump(String),
+    #[error("unknown pass {0:?} (known: {1})")]
+    UnknownPass(String, String),
+}
+
+/// When a dump is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DumpStage {
+    Before,
+    After,
+}
+
+/// Receives a module before and after each pass that runs.
+pub type Dumper<'a> = dyn FnMut(&str, DumpStage, &Module) -> Result<(), String> + 'a;
+
+/// What happened to one pass.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PassRun {
+    pub pass: &'static str,
+    pub ran: bool,
+    pub changed: bool,
+}
+
+#[derive(Default)]
+pub struct Pipeline<'a> {
+    disabled: BTreeSet<String>,
+    dumper: Option<Box<Dumper<'a>>>,
+}
+
+impl<'a> Pipeline<'a> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Skips the pass called `name` (checked against the passes at run time).
+    pub fn disable(&mut self, name: &str) -> &mut Self {
+        self.disabled.insert(name.to_string());
+        self
+    }
+
+    pub fn dump_with(&mut self, dumper: Box<Dumper<'a>>) -> &mut Self {
+        self.dumper = Some(dumper);
+        self
+    }
+
+    /// Verifies `module`, then runs each enabled pass and verifies after it.
+    pub fn run(
+        &mut self,
+        module: &mut Module,
+        passes: &mut [&mut dyn Pass],
+    ) -> Result<Vec<PassRun>, PipelineError> {
+        let known: Vec<&str> = passes.iter().map(|p| p.name()).collect();
+        if let Some(unknown) = self.disabled.iter().find(|d| !known.contains(&d.as_str())) {
+            return Err(PipelineError::UnknownPass(
+                unknown.clone(),
+                known.join(", "),
+            ));
+        }
+        verify(module).map_err(PipelineError::InvalidInput)?;
+        let mut runs = Vec::new();
+        for pass in passes.iter_mut() {
+            let name = pass.name();
+            if self.disabled.contains(name) {
+                runs.push(PassRun {
+                    pass: name,
+                    ran: false,
+                    changed: false,
+                });
+                continue;
+            }
+            self.dump(name, DumpStage::Before, module)?;
+            let changed = pass
+                .run(module)
+                .map_err(|error| PipelineError::Pass { pass: name, error })?;
+            verify(module).map_err(|error| PipelineError::BrokeModule { pass: name, error })?;
+            self.dump(name, DumpStage::After, module)?;
+            runs.push(PassRun {
+                pass: name,
+                ran: true,
+                changed,
+            });
+        }
+        Ok(runs)
+    }
+
+    fn dump(&mut self, pass: &str, stage: DumpStage, module: &Module) -> Result<(), PipelineError> {
+        match &mut self.dumper {
+            Some(d) => d(pass, stage, module).map_err(PipelineError::Dump),
+            None => Ok(()),
+        }
+    }
+}

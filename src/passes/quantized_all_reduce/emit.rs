@@ -1,0 +1,355 @@
+//! Emits the quantized ring for one all-reduce: [`emit_ring`] reads top to
+//! bottom as the algorithm — flatten and pad, find the rank, reduce-scatter
+//! round the ring, all-gather, unpack.
+//!
+//! The quantize and dequantize steps implement the contract in
+//! [`crate::numerics`] op for op.
+
+use std::collections::HashMap;
+
+use super::groups::{IdSpace, Participants};
+use super::plan::RingPlan;
+use super::{GatherForm, ScaleType};
+use crate::ir::CompId;
+use crate::ir::builder::{Builder, Value};
+use crate::ir::shape;
+use crate::numerics::{INV_QMAX, QMAX};
+use crate::proto::{PrimitiveType, ShapeProto};
+
+/// What the emitted subgraph needs besides the plan.
+pub struct RingInputs<'a> {
+    pub plan: &'a RingPlan,
+    pub participants: &'a Participants,
+    /// The packed all-reduce operands.
+    pub operands: &'a [Value],
+    /// The result shape (with layout) each operand's sum must have.
+    pub results: &'a [ShapeProto],
+    /// A scalar f32 `maximum` computation for the block absmax.
+    pub max_f32: CompId,
+    pub gather: GatherForm,
+    /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
+    pub async_permutes: bool,
+}
+
+/// Emits the ring; returns one value per operand, shaped like `results`.
+pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
+    let plan = inputs.plan;
+    let p = plan.group_size as i64;
+    let (lanes, lane_len) = (plan.lanes() as i64, plan.lane_len as i64);
+    let mut e = Emitter::new(b, inputs);
+
+    // 1. Flatten every operand to f32, concatenate, zero-pad to P·c, and view
+    //    the payload as [P chunks, L lanes, c/L].
+    let flat: Vec<Value> = inputs
+        .operands
+        .iter()
+        .map(|x| {
+            let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+            let x = e.to_f32(x);
+            e.b.reshape(&x, &[n])
+        })
+        .collect();
+    let mut payload = if flat.len() == 1 {
+        flat[0].clone()
+    } else {
+        e.b.concatenate(&flat, 0)
+    };
+    let padded = (plan.chunk() * plan.group_size) as i64;
+    if padded > plan.elements as i64 {
+        let zero = e.b.zero(PrimitiveType::F32);
+        payload =
+            e.b.pad(&payload, &zero, &[(0, padded - plan.elements as i64)]);
+    }
+    let chunks = e.b.reshape(&payload, &[p, lanes, lane_len]);
+
+    // 2. This device's rank r in its group, from its id through the table.
+    let rank = e.rank();
+
+    // 3. Reduce-scatter. At step s, rank r sends its partial sum of chunk
+    //    (r − dir·(s+1)) mod P to rank r + dir, which adds its own part of
+    //    that chunk. After P−1 steps rank r holds chunk r, fully summed.
+    //    Step-major order interleaves the lanes, so each lane's hop can
+    //    overlap another lane's quantize and add.
+    let mut partial: Vec<Value> = (0..lanes as usize)
+        .map(|l| e.own_part(&chunks, &rank, plan.lane_dirs[l], 0, l))
+        .collect();
+    for step in 0..p - 1 {
+        for (l, part) in partial.iter_mut().enumerate() {
+            let dir = plan.lane_dirs[l];
+            let message = e.quantize(part);
+            let received = e.permute(&message, dir);
+            let summed = e.dequantize(&received, None);
+            let own = e.own_part(&chunks, &rank, dir, step + 1, l);
+            *part = e.b.add_op(&summed, &own);
+        }
+    }
+
+    // 4. All-gather: the owner quantizes its chunk once; every rank, the
+    //    owner included, dequantizes all P chunks from the same int8 codes,
+    //    so every participant ends with bit-identical results.
+    let gathered: Vec<Value> = partial
+        .iter()
+        .enumerate()
+        .map(|(l, part)| {
+            let message = e.quantize(part);
+            let all = e.gather(&message, &rank, plan.lane_dirs[l]);
+            let values = e.dequantize(&all, Some(p));
+            e.b.reshape(&values, &[p, 1, lane_len])
+        })
+        .collect();
+
+    // 5. Reassemble [P, L, c/L], drop the padding, and give each operand its
+    //    sum back in its own shape, type and layout.
+    let whole = if gathered.len() == 1 {
+        gathered[0].clone()
+    } else {
+        e.b.concatenate(&gathered, 1)
+    };
+    let whole = e.b.reshape(&whole, &[padded]);
+    let mut offset = 0i64;
+    let mut out = Vec::new();
+    for (x, result) in inputs.operands.iter().zip(inputs.results) {
+        let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+        let part = e.b.slice(&whole, &[offset], &[offset + n]);
+        offset += n;
+        let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
+        out.push(if ty == PrimitiveType::F32 {
+            e.b.reshape_to(&part, result)
+        } else {
+            let part = e.b.reshape(&part, &result.dimensions);
+            e.b.convert_to(&part, result)
+        });
+    }
+    out
+}
+
+/// Shared constants and caches for one ring.
+struct Emitter<'b, 'm, 'i> {
+    b: &'b mut Builder<'m>,
+    inputs: &'i RingInputs<'i>,
+    /// Chunk index (r − dir·k) mod P, by (dir, k).
+    chunk_index: HashMap<(i64, i64), Value>,
+    scalars: HashMap<&'static str, Value>,
+    lane_zero: Option<Value>,
+}
+
+impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
+    fn new(b: &'b mut Builder<'m>, inputs: &'i RingInputs<'i>) -> Self {
+        Emitter {
+            b,
+            inputs,
+            chunk_index: HashMap::new(),
+            scalars: HashMap::new(),
+            lane_zero: None,
+        }
+    }
+
+    fn plan(&self) -> &RingPlan {
+        self.inputs.plan
+    }
+
+    fn to_f32(&mut self, x: &Value) -> Value {
+        if x.element_type() == PrimitiveType::F32 as i32 {
+            x.clone()
+        } else {
+            self.b.convert(x, PrimitiveType::F32)
+        }
+    }
+
+    fn scalar(&mut self, key: &'static str, make: impl FnOnce(&mut Builder) -> Value) -> Value {
+        if let Some(v) = self.scalars.get(key) {
+            return v.clone();
+        }
+        let v = make(self.b);
+        self.scalars.insert(key, v.clone());
+        v
+    }
+
+    fn s32(&mut self, v: i64) -> Value {
+        // A handful of distinct small constants; not worth a cache key each.
+        self.b.s32_scalar(v as i32)
+    }
+
+    /// The rank r (s32) of this device in its group.
+    fn rank(&mut self) -> Value {
+        let id = match self.inputs.participants.space {
+            IdSpace::Partition => self.b.partition_id(),
+            IdSpace::Replica => self.b.replica_id(),
+        };
+        let id = self.b.convert(&id, PrimitiveType::S32);
+        match self.inputs.participants.rank_table() {
+            None => id,
+            Some(table) => {
+                let table = self.b.s32_array(&table);
+                let r = self.b.dynamic_slice(&table, &[id], &[1]);
+                self.b.reshape(&r, &[])
+            }
+        }
+    }
+
+    /// (r − dir·k) mod P as an s32 scalar.
+    fn chunk_of(&mut self, rank: &Value, dir: i64, k: i64) -> Value {
+        let p = self.plan().group_size as i64;
+        if let Some(v) = self.chunk_index.get(&(dir, k)) {
+            return v.clone();
+        }
+        let shift = (-dir * k).rem_euclid(p);
+        let v = if shift == 0 {
+            rank.clone()
+        } else {
+            let s = self.s32(shift);
+            let sum = self.b.add_op(rank, &s);
+            let pv = self.s32(p);
+            self.b.binary("remainder", &sum, &pv)
+        };
+        self.chunk_index.insert((dir, k), v.clone());
+        v
+    }
+
+    /// This device's own f32 contribution to lane `lane` of the chunk sent at
+    /// step `k − 1` (k = 0: the chunk it starts with).
+    fn own_part(&mut self, chunks: &Value, rank: &Value, dir: i64, k: i64, lane: usize) -> Value {
+        let chunk = self.chunk_of(rank, dir, k + 1);
+        let lane_index = self.s32(lane as i64);
+        let zero = match &self.lane_zero {
+            Some(z) => z.clone(),
+            None => {
+                let z = self.s32(0);
+                self.lane_zero = Some(z.clone());
+                z
+            }
+        };
+        let len = self.plan().lane_len as i64;
+        let part = self
+            .b
+            .dynamic_slice(chunks, &[chunk, lane_index, zero], &[1, 1, len]);
+        self.b.reshape(&part, &[len])
+    }
+
+    /// f32[c/L] → one s8 message: codes, then the scales' bytes.
+    fn quantize(&mut self, v: &Value) -> Value {
+        let (nb, bl) = (
+            self.plan().blocks_per_lane() as i64,
+            self.plan().block as i64,
+        );
+        let blocks = self.b.reshape(v, &[nb, bl]);
+        let magnitude = self.b.unary("abs", &blocks);
+        let zero = self.scalar("f32_zero", |b| b.zero(PrimitiveType::F32));
+        let absmax = self.b.reduce(&magnitude, &zero, &[1], self.inputs.max_f32);
+        let inv = self.scalar("inv_qmax", |b| b.f32_scalar(INV_QMAX));
+        let inv = self.b.broadcast(&inv, &[nb], &[]);
+        let mut scale = self.b.multiply(&absmax, &inv);
+        let mut scale_wire = scale.clone();
+        if self.plan().scale_type == ScaleType::Bf16 {
+            // Divide by the scale that travels, so codes and scale agree.
+            scale_wire = self.b.convert(&scale, PrimitiveType::Bf16);
+            scale = self.b.convert(&scale_wire, PrimitiveType::F32);
+        }
+        let scale_b = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        let ratio = self.b.divide(&blocks, &scale_b);
+        // An all-zero block: 0/0 → code 0.
+        let zeros = self.b.broadcast(&zero, &[nb, bl], &[]);
+        let is_zero = self.b.compare(&scale_b, &zeros, "EQ");
+        let ratio = self.b.select(&is_zero, &zeros, &ratio);
+        let rounded = self.b.unary("round-nearest-even", &ratio);
+        let lo = self.scalar("neg_qmax", |b| b.f32_scalar(-QMAX));
+        let hi = self.scalar("qmax", |b| b.f32_scalar(QMAX));
+        let clamped = self.b.clamp(&lo, &rounded, &hi);
+        let codes = self.b.convert(&clamped, PrimitiveType::S8);
+        let codes = self.b.reshape(&codes, &[nb * bl]);
+        let scale_bytes = self.b.bitcast_convert(&scale_wire, PrimitiveType::S8);
+        let width = self.plan().scale_type.bytes() as i64;
+        let scale_bytes = self.b.reshape(&scale_bytes, &[nb * width]);
+        self.b.concatenate(&[codes, scale_bytes], 0)
+    }
+
+    /// One s8 message (or `[P, message]` with `lead = Some(P)`) → f32 values.
+    fn dequantize(&mut self, message: &Value, lead: Option<i64>) -> Value {
+        let (nb, bl) = (
+            self.plan().blocks_per_lane() as i64,
+            self.plan().block as i64,
+        );
+        let (len, msg) = (
+            self.plan().lane_len as i64,
+            self.plan().message_len() as i64,
+        );
+        let width = self.plan().scale_type.bytes() as i64;
+        let lead_dims: Vec<i64> = lead.into_iter().collect();
+        let with_lead =
+            |tail: &[i64]| -> Vec<i64> { lead_dims.iter().chain(tail).copied().collect() };
+        let zeros: Vec<i64> = with_lead(&[0]).iter().map(|_| 0).collect();
+        let codes = self.b.slice(message, &zeros, &with_lead(&[len]));
+        let mut start = zeros.clone();
+        *start.last_mut().unwrap_or(&mut 0) = len;
+        let scale_bytes = self.b.slice(message, &start, &with_lead(&[msg]));
+        let scale_bytes = self.b.reshape(&scale_bytes, &with_lead(&[nb, width]));
+        let wire_type = match self.plan().scale_type {
+            ScaleType::F32 => PrimitiveType::F32,
+            ScaleType::Bf16 => PrimitiveType::Bf16,
+        };
+        let mut scale = self.b.bitcast_convert(&scale_bytes, wire_type);
+        if wire_type != PrimitiveType::F32 {
+            scale = self.b.convert(&scale, PrimitiveType::F32);
+        }
+        let codes = self.b.reshape(&codes, &with_lead(&[nb, bl]));
+        let codes = self.b.convert(&codes, PrimitiveType::F32);
+        let dims = with_lead(&[nb, bl]);
+        let map: Vec<i64> = (0..dims.len() as i64 - 1).collect();
+        let scale_b = self.b.broadcast(&scale, &dims, &map);
+        let values = self.b.multiply(&codes, &scale_b);
+        self.b.reshape(&values, &with_lead(&[len]))
+    }
+
+    /// One hop: every rank sends `message` to rank + `dir`.
+    fn permute(&mut self, message: &Value, dir: i64) -> Value {
+        let pairs = self.inputs.participants.ring_pairs(dir);
+        let channel = match self.inputs.participants.space {
+            IdSpace::Partition => Some(self.b.fresh_channel_id()),
+            IdSpace::Replica => None,
+        };
+        if self.inputs.async_permutes {
+            let start = self.b.collective_permute_start(message, &pairs, channel);
+            self.b.collective_permute_done(&start)
+        } else {
+            self.b.collective_permute(message, &pairs, channel)
+        }
+    }
+
+    /// Every rank's message, stacked in rank order: `s8[P, message]`.
+    fn gather(&mut self, message: &Value, rank: &Value, dir: i64) -> Value {
+        let p = self.plan().group_size as i64;
+        let msg = self.plan().message_len() as i64;
+        let row = self.b.reshape(message, &[1, msg]);
+        match self.inputs.gather {
+            GatherForm::AllGather => {
+                let parts = self.inputs.participants;
+                let (channel, global) = match parts.space {
+                    IdSpace::Partition => (Some(self.b.fresh_channel_id()), true),
+                    IdSpace::Replica => (None, false),
+                };
+                let groups = parts.groups.clone();
+                self.b.all_gather(&row, 0, &groups, channel, global)
+            }
+            GatherForm::Permute => {
+                // P−1 hops forward the messages round the ring; the one that
+                // arrives at hop h comes from rank (r − dir·h) mod P.
+                let zero8 = self.b.zero(PrimitiveType::S8);
+                let empty = self.b.broadcast(&zero8, &[p, msg], &[]);
+                let col = self.s32(0);
+                let mut all =
+                    self.b
+                        .dynamic_update_slice(&empty, &row, &[rank.clone(), col.clone()]);
+                let mut travelling = message.clone();
+                for hop in 1..p {
+                    travelling = self.permute(&travelling, dir);
+                    let from = self.chunk_of(rank, dir, hop);
+                    let row = self.b.reshape(&travelling, &[1, msg]);
+                    all = self
+                        .b
+                        .dynamic_update_slice(&all, &row, &[from, col.clone()]);
+                }
+                all
+            }
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! `quantized-all-reduce`: EQuARX. Sum all-reduces become a ring of int8
+//! collective-permutes with block-wise dynamic quantization, so the wire
+//! carries about one byte per element instead of two (bf16).
+//!
+//! ```text
+//! before                                after (one lane, P ranks)
+//!
+//! x = bf16[S] ...                       x  = bf16[S] ...
+//! y = bf16[S] all-reduce(x),            f  = f32[P,L,c/L] reshape(pad(convert(x)))
+//!     to_apply=add                      r  = s32[] rank(partition-id())       table lookup
+//! use(y)                                p0 = own part of chunk (r-1) mod P
+//!                                       ┌ repeat P-1 times (reduce-scatter):
+//!                                       │ m  = s8[c/L + 4·c/L/B] quantize(p)   codes ++ scales
+//!                                       │ m' = collective-permute(m), r → r+1
+//!                                       │ p  = dequantize(m') + own part of next chunk
+//!                                       └
+//!                                       g  = s8[P, msg] all-gather(quantize(p))
+//!                                       v  = f32[P·c] dequantize(g)           every rank, owner too
+//!                                       y' = bf16[S] convert(reshape(slice(v)))
+//!                                       use(y')
+//! ```
+//!
+//! `L` lanes (the pipeline depth D, twice that for a bidirectional ring) are
+//! independent chains over sub-chunks, so the scheduler can overlap one
+//! lane's transfer with another's quantize and add.
+//!
+//! Why it is sound: a ring reduce-scatter followed by an all-gather computes
+//! the sum of every group member's contribution for every element (each
+//! chunk visits every rank once); quantization changes values only within
+//! the error model of [`crate::numerics`]; all participants dequantize the
+//! same codes with the same op, so they agree bit for bit. What it assumes:
+//! the module is not scheduled for async collectives other than the pair it
+//! rewrites, and the replica/partition counts it was given are true.
+//!
+//! Pieces: [`eligibility`] decides, [`groups`] maps groups to ids
+//! collective-permute can name, [`plan`] sizes the ring, [`emit`] writes the
+//! HLO.
+
+pub mod eligibility;
+pub mod emit;
+pub mod groups;
+pub mod plan;
+
+use std::collections::HashSet;
+
+use eligibility::Candidate;
+use emit::{RingInputs, emit_ring};
+use plan::{RingPlan, ring_wire_bytes};
+
+use super::{Pass, PassError};
+use crate::io::DeviceCounts;
+use crate::ir::builder::{Builder, Value};
+use crate::ir::groups::{GroupMode, ReplicaGroups};
+use crate::ir::{CompId, InstrId, Module, shape};
+use crate::numerics::error::predicted_rel_rms;
+use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
+
+/// How the scales travel.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScaleType {
+    F32,
+    Bf16,
+}
+
+impl ScaleType {
+    pub fn bytes(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::Bf16 => 2,
+        }
+    }
+}
+
+/// How the reduced chunks reach every rank.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum GatherForm {
+    /// One `all-gather` per lane (the backend picks its algorithm).
+    AllGather,
+    /// P−1 `collective-permute` hops per lane round the same ring.
+    Permute,
+}
+
+/// The pass's options. Defaults: see [`Options::default`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Elements per quantization block (B).
+    pub block_size: usize,
+    /// Independent sub-chunk chains per ring direction (D).
+    pub pipeline_depth: usize,
+    /// Send half of every chunk each way round the ring.
+    pub bidirectional: bool,
+    /// All-reduces with a smaller payload (bytes, in their own type) stay.
+    pub min_payload_bytes: u64,
+    /// Element types that are quantized.
+    pub element_types: Vec<PrimitiveType>,
+    pub scale_type: ScaleType,
+    pub gather: GatherForm,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            block_size: 128,
+            pipeline_depth: 2,
+            bidirectional: false,
+            min_payload_bytes: 1 << 20,
+            element_types: vec![PrimitiveType::Bf16],
+            scale_type: ScaleType::F32,
+            gather: GatherForm::AllGather,
+        }
+    }
+}
+
+/// Largest accepted block size and pipeline depth: far beyond any useful
+/// value, small enough that size arithmetic cannot overflow.
+pub const MAX_BLOCK_SIZE: usize = 1 << 20;
+pub const MAX_PIPELINE_DEPTH: usize = 256;
+
+impl Options {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_BLOCK_SIZE).contains(&self.block_size) {
+            return Err(format!(
+                "block size must be in 1..={MAX_BLOCK_SIZE}, is {}",
+                self.block_size
+            ));
+        }
+        if !(1..=MAX_PIPELINE_DEPTH).contains(&self.pipeline_depth) {
+            return Err(format!(
+                "pipeline depth must be in 1..={MAX_PIPELINE_DEPTH}, is {}",
+                self.pipeline_depth
+            ));
+        }
+        let quantizable = [PrimitiveType::Bf16, PrimitiveType::F16, PrimitiveType::F32];
+        if let Some(t) = self.element_types.iter().find(|t| !quantizable.contains(t)) {
+            return Err(format!(
+                "element type {t:?} cannot be quantized (bf16, f16, f32 can)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why an all-reduce was left as it is.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SkipReason {
+    #[error("not an all-reduce")]
+    NotAllReduce,
+    #[error("reduction is not a sum: {0}")]
+    NotSum(String),
+    #[error(
+        "opted out by frontend attribute {}=\"false\"",
+        eligibility::FORCE_ATTRIBUTE
+    )]
+    OptedOut,
+    #[error("bad frontend attribute: {0}")]
+    BadAttribute(String),
+    #[error("inside a fusion computation")]
+    InFusion,
+    #[error("has control dependencies")]
+    ControlDependencies,
+    #[error("all-reduce-start without a single all-reduce-done user")]
+    AsyncShape,
+    #[error("dynamic shapes")]
+    DynamicShape,
+    #[error("element type {0} is not floating point (integer sums must stay exact)")]
+    NotFloat(String),
+    #[error("element type {0} is not enabled (see --types)")]
+    TypeNotEnabled(String),
+    #[error("groups have different sizes")]
+    UnevenGroups,
+    #[error("group size 1: nothing to reduce")]
+    GroupOfOne,
+    #[error("replica groups: {0}")]
+    BadGroups(String),
+    #[error("not expressible with collective-permute: {0}")]
+    ModeNotExpressible(String),
+    #[error(
+        "{0}; give the counts (--replica-count / --num-partitions), e.g. --replica-count 1 for JAX SPMD programs"
+    )]
+    CountsUnknown(String),
+    #[error("payload of {bytes} bytes is below the minimum of {min} (see --min-payload)")]
+    BelowThreshold { bytes: u64, min: u64 },
+    #[error(
+        "padding to P·L·B makes the quantized ring send {after} bytes, not fewer than {before}"
+    )]
+    NoGain { before: u64, after: u64 },
+    #[error("payload too large to index with s32")]
+    TooLarge,
+}
+
+/// The pass's decision for one all-reduce.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct OpReport {
+    pub name: String,
+    pub computation: String,
+    pub opcode: String,
+    pub shape: String,
+    pub element_types: Vec<String>,
+    pub group_size: Option<usize>,
+    pub groups: Option<usize>,
+    pub mode: String,
+    pub encoding: String,
+    pub rewritten: bool,
+    /// Why it was skipped (or, when rewritten, notes such as a forced op).
+    pub reason: Option<String>,
+    /// Bytes of the quantized operands in their own type.
+    pub payload_bytes: u64,
+    /// Bytes each device sends for those operands: a ring all-reduce in
+    /// their own type, 2·(P−1)/P·payload.
+    pub wire_bytes_before: Option<u64>,
+    /// Bytes each device sends in the emitted collectives.
+    pub wire_bytes_after: Option<u64>,
+    /// Predicted relative RMS error against the exact sum (Gaussian data).
+    pub predicted_rel_rms: Option<f64>,
+    pub plan: Option<PlanSummary>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PlanSummary {
+    pub block_size: usize,
+    pub lanes: usize,
+    pub padding_elements: usize,
+    pub collective_permutes: usize,
+    pub all_gathers: usize,
+}
+
+impl OpReport {
+    /// before / after, when rewritten.
+    pub fn wire_ratio(&self) -> Option<f64> {
+        match (self.wire_bytes_before, self.wire_bytes_after) {
+            (Some(b), Some(a)) if a > 0 => Some(b as f64 / a as f64),
+            _ => None,
+        }
+    }
+}
+
+/// The pass. Construct with [`QuantizedAllReduce::new`]; after it ran,
+/// [`QuantizedAllReduce::report`] says what it did to every all-reduce.
+pub struct QuantizedAllReduce {
+    options: Options,
+    counts: DeviceCounts,
+    report: Vec<OpReport>,
+}
+
+impl QuantizedAllReduce {
+    pub fn new(options: Options, counts: DeviceCounts) -> Result<Self, String> {
+        options.validate()?;
+        Ok(QuantizedAllReduce {
+            options,
+            counts,
+            report: Vec::new(),
+        })
+    }
+
+    pub fn report(&self) -> &[OpReport] {
+        &self.report
+    }
+
+    pub fn into_report(self) -> Vec<OpReport> {
+        self.report
+    }
+}
+
+impl Pass for QuantizedAllReduce {
+    fn name(&self) -> &'static str {
+        "quantized-all-reduce"
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
+        self.report.clear();
+        let mut max_f32 = None;
+        let mut changed = false;
+        let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
+        for comp_id in comp_ids {
+            let Some(comp) = module.computation(comp_id) else {
+                continue;
+            };
+            let all_reduces: Vec<HloInstructionProto> = comp
+                .instructions()
+                .iter()
+                .filter(|i| i.opcode == "all-reduce" || i.opcode == "all-reduce-start")
+                .cloned()
+                .collect();
+            for instr in all_reduces {
+                let comp = module
+                    .computation(comp_id)
+                    .ok_or_else(|| fail("computation vanished"))?;
+                let mut entry = describe(comp.name(), &instr, comp);
+                let decision =
+                    eligibility::examine(module, comp, &instr, &self.options, &self.counts)
+                        .and_then(|c| plan_for(&c, &self.options).map(|p| (c, p)));
+                match decision {
+                    Err(reason) => {
+                        entry.reason = Some(reason.to_string());
+                        self.report.push(entry);
+                    }
+                    Ok((candidate, plan)) => {
+                        let reducer = *max_f32.get_or_insert_with(|| {
+                            module.add_scalar_reducer(
+                                "equarx_max_f32",
+                                "maximum",
+                                PrimitiveType::F32,
+                            )
+                        });
+                        let emitted = rewrite(module, &candidate, &plan, &self.options, reducer)?;
+                        fill_rewritten(&mut entry, &candidate, &plan, &emitted);
+                        self.report.push(entry);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        Ok(changed)
+    }
+}
+
+fn fail(message: impl Into<String>) -> PassError {
+    PassError::Failed(message.into())
+}
+
+/// The ring plan, or why the ring would not pay.
+fn plan_for(c: &Candidate, options: &Options) -> Result<RingPlan, SkipReason> {
+    let elements: usize = c
+        .operands
+        .iter()
+        .filter(|o| o.2)
+        .map(|o| shape::element_count(&o.1).unwrap_or(u64::MAX) as usize)
+        .fold(0usize, usize::saturating_add);
+    let plan = RingPlan::new(&c.participants, elements, options)?;
+    let before = ring_wire_bytes(plan.group_size, c.payload_bytes);
+    if plan.wire_bytes() >= before && !c.forced {
+        return Err(SkipReason::NoGain {
+            before,
+            after: plan.wire_bytes(),
+        });
+    }
+    Ok(plan)
+}
+
+/// The report fields known before deciding.
+fn describe(comp: &str, instr: &HloInstructionProto, c: &crate::ir::Computation) -> OpReport {
+    let shape = instr.shape.clone().unwrap_or_default();
+    let mut types: Vec<String> = instr
+        .operand_ids
+        .iter()
+        .filter_map(|&o| c.get(InstrId(o)).and_then(|o| o.shape.as_ref()))
+        .map(|s| shape::type_name(s.element_type).unwrap_or("?").to_string())
+        .collect();
+    types.dedup();
+    let groups = ReplicaGroups::of(instr).ok();
+    OpReport {
+        name: instr.name.clone(),
+        computation: comp.to_string(),
+        opcode: instr.opcode.clone(),
+        shape: shape::describe(&shape),
+        element_types: types,
+        group_size: groups.as_ref().and_then(ReplicaGroups::uniform_size),
+        groups: groups.as_ref().map(|g| g.groups.len()),
+        mode: GroupMode::of(instr).as_str().to_string(),
+        encoding: groups
+            .map_or("invalid", |g| g.encoding.as_str())
+            .to_string(),
+        rewritten: false,
+        reason: None,
+        payload_bytes: 0,
+        wire_bytes_before: None,
+        wire_bytes_after: None,
+        predicted_rel_rms: None,
+        plan: None,
+    }
+}
+
+/// What was emitted for one all-reduce, counted from the instructions.
+struct Emitted {
+    wire_bytes: u64,
+    collective_permutes: usize,
+    all_gathers: usize,
+}
+
+fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &RingPlan, emitted: &Emitted) {
+    let p = plan.group_size;
+    entry.rewritten = true;
+    entry.group_size = Some(p);
+    entry.groups = Some(c.participants.groups.len());
+    entry.payload_bytes = c.payload_bytes;
+    entry.wire_bytes_before = Some(ring_wire_bytes(p, c.payload_bytes));
+    entry.wire_bytes_after = Some(emitted.wire_bytes);
+    let mantissa = c
+        .operands
+        .iter()
+        .filter(|o| o.2)
+        .map(|o| mantissa_bits(o.1.element_type))
+        .min()
+        .unwrap_or(23);
+    entry.predicted_rel_rms = Some(predicted_rel_rms(p, plan.block, mantissa));
+    if c.forced {
+        entry.reason = Some(format!(
+            "forced by {}=\"true\"",
+            eligibility::FORCE_ATTRIBUTE
+        ));
+    }
+    entry.plan = Some(PlanSummary {
+        block_size: plan.block,
+        lanes: plan.lanes(),
+        padding_elements: plan.chunk() * p - plan.elements,
+        collective_permutes: emitted.collective_permutes,
+        all_gathers: emitted.all_gathers,
+    });
+}
+
+fn mantissa_bits(ty: i32) -> u32 {
+    match PrimitiveType::try_from(ty) {
+        Ok(PrimitiveType::Bf16) => 7,
+        Ok(PrimitiveType::F16) => 10,
+        _ => 23,
+    }
+}
+
+/// Metadata for the new instructions: the all-reduce's own, named after it.
+fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
+    let mut m = instr.metadata.clone().unwrap_or_default();
+    let tag = format!("equarx[{}]", instr.name);
+    m.op_name = if m.op_name.is_empty() {
+        tag
+    } else {
+        format!("{}/{tag}", m.op_name)
+    };
+    m.op_type = "equarx-quantized-all-reduce".into();
+    m
+}
+
+/// Replaces the candidate with the quantized ring.
+fn rewrite(
+    module: &mut Module,
+    c: &Candidate,
+    plan: &RingPlan,
+    options: &Options,
+    max_f32: CompId,
+) -> Result<Emitted, PassError> {
+    let comp = module
+        .computation(c.comp)
+        .ok_or_else(|| fail("computation vanished"))?;
+    let get = |id: InstrId| {
+        comp.get(id)
+            .cloned()
+            .ok_or_else(|| fail("instruction vanished"))
+    };
+    let instr = get(c.instr)?;
+    let done = c.done.map(get).transpose()?;
+    let result = done
+        .as_ref()
+        .unwrap_or(&instr)
+        .shape
+        .clone()
+        .unwrap_or_default();
+    let tuple = shape::is_tuple(&result);
+    let element_shapes: Vec<ShapeProto> = if tuple {
+        result.tuple_shapes.clone()
+    } else {
+        vec![result.clone()]
+    };
+    let value = |(id, s, _): &(InstrId, ShapeProto, bool)| Value {
+        id: *id,
+        shape: s.clone(),
+    };
+
+    let mut b = Builder::new(module, c.comp, Some(metadata_for(&instr)));
+    let packed: Vec<Value> = c.operands.iter().filter(|o| o.2).map(value).collect();
+    let results: Vec<ShapeProto> = c
+        .operands
+        .iter()
+        .zip(&element_shapes)
+        .filter(|(o, _)| o.2)
+        .map(|(_, s)| s.clone())
+        .collect();
+    let sums = emit_ring(
+        &mut b,
+        &RingInputs {
+            plan,
+            participants: &c.participants,
+            operands: &packed,
+            results: &results,
+            max_f32,
+            gather: options.gather,
+            async_permutes: c.done.is_some(),
+        },
+    );
+
+    // Operands that are not quantized keep a plain all-reduce of their own.
+    let rest: Vec<Value> = c.operands.iter().filter(|o| !o.2).map(value).collect();
+    let rest_shapes: Vec<ShapeProto> = c
+        .operands
+        .iter()
+        .zip(&element_shapes)
+        .filter(|(o, _)| !o.2)
+        .map(|(_, s)| s.clone())
+        .collect();
+    let residual = if rest.is_empty() {
+        None
+    } else {
+        let s = if rest.len() == 1 {
+            rest_shapes[0].clone()
+        } else {
+            shape::tuple(rest_shapes)
+        };
+        let refs: Vec<&Value> = rest.iter().collect();
+        let start = b.clone_with(&instr, &refs, s.clone());
+        Some(match &done {
+            Some(d) => b.clone_with(d, &[&start], s),
+            None => start,
+        })
+    };
+    let replacement = if !tuple {
+        sums[0].clone()
+    } else {
+        let (mut q, mut r) = (sums.iter(), 0i64);
+        let mut parts = Vec::new();
+        for o in &c.operands {
+            if o.2 {
+                parts.push(
+                    q.next()
+                        .cloned()
+                        .ok_or_else(|| fail("ring returned too few values"))?,
+                );
+            } else {
+                let res = residual
+                    .as_ref()
+                    .ok_or_else(|| fail("residual all-reduce missing"))?;
+                parts.push(if rest.len() == 1 {
+                    res.clone()
+                } else {
+                    b.get_tuple_element(res, r)
+                });
+                r += 1;
+            }
+        }
+        b.tuple(&parts)
+    };
+    let new_ids = b.insert_before(c.instr).map_err(fail)?;
+
+    let comp = module
+        .computation_mut(c.comp)
+        .ok_or_else(|| fail("computation vanished"))?;
+    let target = c.done.unwrap_or(c.instr);
+    comp.replace_all_uses(target, replacement.id);
+    let mut dead: Vec<InstrId> = vec![c.instr];
+    dead.extend(c.done);
+    if tuple {
+        dead.extend(forward_tuple_elements(comp, replacement.id));
+    }
+    module.remove(c.comp, &dead);
+    Ok(count_emitted(module, c.comp, &new_ids, plan.group_size))
+}
+
+/// Users `get-tuple-element(t, i)` of the tuple `t` are replaced by `t`'s
+/// operand `i`; returns the instructions that became dead (those users, and
+/// `t` itself if nothing else uses it).
+fn forward_tuple_elements(comp: &mut crate::ir::Computation, t: InstrId) -> Vec<InstrId> {
+    let Some(elements) = comp.get(t).map(|i| i.operand_ids.clone()) else {
+        return vec![];
+    };
+    let gtes: Vec<(InstrId, i64)> = comp
+        .instructions()
+        .iter()
+        .filter(|i| i.opcode == "get-tuple-element" && i.operand_ids == [t.0])
+        .map(|i| (InstrId(i.id), i.tuple_index))
+        .collect();
+    let mut dead = Vec::new();
+    for (g, index) in gtes {
+        if let Some(&e) = usize::try_from(index).ok().and_then(|i| elements.get(i)) {
+            comp.replace_all_uses(g, InstrId(e));
+            dead.push(g);
+        }
+    }
+    let still_used = comp.root_id() == t
+        || comp
+            .instructions()
+            .iter()
+            .any(|i| !dead.contains(&InstrId(i.id)) && i.operand_ids.contains(&t.0));
+    if !still_used {
+        dead.push(t);
+    }
+    dead
+}
+
+fn count_emitted(module: &Module, comp: CompId, ids: &[InstrId], group_size: usize) -> Emitted {
+    let ids: HashSet<InstrId> = ids.iter().copied().collect();
+    let mut e = Emitted {
+        wire_bytes: 0,
+        collective_permutes: 0,
+        all_gathers: 0,
+    };
+    let Some(c) = module.computation(comp) else {
+        return e;
+    };
+    let operand_bytes = |i: &HloInstructionProto| {
+        i.operand_ids
+            .first()
+            .and_then(|&o| c.get(InstrId(o)))
+            .and_then(|o| o.shape.as_ref())
+            .and_then(shape::byte_size)
+            .unwrap_or(0)
+    };
+    for i in c
+        .instructions()
+        .iter()
+        .filter(|i| ids.contains(&InstrId(i.id)))
+    {
+        match i.opcode.as_str() {
+            "collective-permute" | "collective-permute-start" => {
+                e.collective_permutes += 1;
+                e.wire_bytes += operand_bytes(i);
+            }
+            "all-gather" => {
+                e.all_gathers += 1;
+                e.wire_bytes += (group_size as u64 - 1) * operand_bytes(i);
+            }
+            _ => {}
+        }
+    }
+    e
+}

@@ -1,0 +1,334 @@
+//! The one source of well-formedness for modules equarx reads and writes.
+//!
+//! Runs on every input before a pass touches it and after every pass (see
+//! [`crate::passes`]). It checks what a pass could break and what would make
+//! XLA reject or misread a module: unique ids and names, references that
+//! resolve, operands before users, a root per computation, an acyclic call
+//! graph, shapes of the ops equarx models (see [`crate::ir::infer`]), and a
+//! schedule that orders exactly each computation's instructions.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::ir::{Computation, Module, infer, shape};
+use crate::proto::HloInstructionProto;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VerifyError {
+    #[error("the module has no computations")]
+    NoComputations,
+    #[error("entry computation id {0} does not exist")]
+    MissingEntry(i64),
+    #[error("computation id {id} is used by both {first} and {second}")]
+    DuplicateComputationId {
+        id: i64,
+        first: String,
+        second: String,
+    },
+    #[error("instruction id {id} is used by both {first} and {second}")]
+    DuplicateInstructionId {
+        id: i64,
+        first: String,
+        second: String,
+    },
+    #[error("instruction name {0} is used twice")]
+    DuplicateName(String),
+    #[error("{comp}: root id {root} is not an instruction of the computation")]
+    MissingRoot { comp: String, root: i64 },
+    #[error(
+        "{comp}/{instr}: operand id {operand} is not an earlier instruction of the computation"
+    )]
+    BadOperand {
+        comp: String,
+        instr: String,
+        operand: i64,
+    },
+    #[error(
+        "{comp}/{instr}: control predecessor id {pred} is not an earlier instruction of the computation"
+    )]
+    BadControlPredecessor {
+        comp: String,
+        instr: String,
+        pred: i64,
+    },
+    #[error("{comp}/{instr}: called computation id {callee} does not exist")]
+    MissingCallee {
+        comp: String,
+        instr: String,
+        callee: i64,
+    },
+    #[error("computation {0} calls itself, directly or through others")]
+    CallCycle(String),
+    #[error("{comp}/{instr}: no shape")]
+    NoShape { comp: String, instr: String },
+    #[error("{comp}/{instr}: {message}")]
+    BadShape {
+        comp: String,
+        instr: String,
+        message: String,
+    },
+    #[error("schedule names computation id {0}, which does not exist")]
+    ScheduleUnknownComputation(i64),
+    #[error("schedule of {comp}: {message}")]
+    BadSchedule { comp: String, message: String },
+}
+
+/// Checks `module`; the first problem found is the error.
+pub fn verify(module: &Module) -> Result<(), VerifyError> {
+    let comps = module.computations();
+    if comps.is_empty() {
+        return Err(VerifyError::NoComputations);
+    }
+    let mut comp_names: HashMap<i64, &str> = HashMap::new();
+    for c in comps {
+        if let Some(first) = comp_names.insert(c.id().0, c.name()) {
+            return Err(VerifyError::DuplicateComputationId {
+                id: c.id().0,
+                first: first.to_string(),
+                second: c.name().to_string(),
+            });
+        }
+    }
+    if !comp_names.contains_key(&module.entry_id().0) {
+        return Err(VerifyError::MissingEntry(module.entry_id().0));
+    }
+
+    let mut ids: HashMap<i64, &str> = HashMap::new();
+    let mut names: HashSet<&str> = HashSet::new();
+    for c in comps {
+        for i in c.instructions() {
+            if let Some(first) = ids.insert(i.id, &i.name) {
+                return Err(VerifyError::DuplicateInstructionId {
+                    id: i.id,
+                    first: first.to_string(),
+                    second: i.name.clone(),
+                });
+            }
+            if !names.insert(&i.name) {
+                return Err(VerifyError::DuplicateName(i.name.clone()));
+            }
+        }
+    }
+
+    for c in comps {
+        verify_computation(c, &comp_names)?;
+    }
+    verify_call_graph(module)?;
+    verify_schedule(module)
+}
+
+fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(), VerifyError> {
+    let comp = || c.name().to_string();
+    if !c.contains(c.root_id()) {
+        return Err(VerifyError::MissingRoot {
+            comp: comp(),
+            root: c.root_id().0,
+        });
+    }
+    let mut seen: HashMap<i64, &HloInstructionProto> = HashMap::new();
+    for instr in c.instructions() {
+        let at = || (comp(), instr.name.clone());
+        for &op in &instr.operand_ids {
+            if !seen.contains_key(&op) {
+                let (comp, instr) = at();
+                return Err(VerifyError::BadOperand {
+                    comp,
+                    instr,
+                    operand: op,
+                });
+            }
+        }
+        for &pred in &instr.control_predecessor_ids {
+            if !seen.contains_key(&pred) {
+                let (comp, instr) = at();
+                return Err(VerifyError::BadControlPredecessor { comp, instr, pred });
+            }
+        }
+        for &callee in &instr.called_computation_ids {
+            if !comps.contains_key(&callee) {
+                let (comp, instr) = at();
+                return Err(VerifyError::MissingCallee {
+                    comp,
+                    instr,
+                    callee,
+                });
+            }
+        }
+        let Some(declared) = &instr.shape else {
+            let (comp, instr) = at();
+            return Err(VerifyError::NoShape { comp, instr });
+        };
+        let operands: Vec<_> = instr
+            .operand_ids
+            .iter()
+            .map(|op| seen[op].shape.as_ref().unwrap_or(declared))
+            .collect();
+        let bad = |message: String| {
+            let (comp, instr) = at();
+            VerifyError::BadShape {
+                comp,
+                instr,
+                message,
+            }
+        };
+        check_layout(declared).map_err(&bad)?;
+        match infer::expected_shape(instr, &operands) {
+            Ok(Some(expected)) if !shape::compatible(&expected, declared) => {
+                return Err(bad(format!(
+                    "shape is {}, its operands make it {}",
+                    shape::describe(declared),
+                    shape::describe(&expected)
+                )));
+            }
+            Ok(_) => {}
+            Err(message) => return Err(bad(message)),
+        }
+        if instr.opcode == "parameter" {
+            let params = c.header().program_shape.as_ref().map(|p| &p.parameters);
+            let n = instr.parameter_number;
+            if let Some(expected) =
+                params.and_then(|p| usize::try_from(n).ok().and_then(|n| p.get(n)))
+            {
+                if !shape::compatible(expected, declared) {
+                    return Err(bad(format!(
+                        "parameter {n} is {}, the computation declares {}",
+                        shape::describe(declared),
+                        shape::describe(expected)
+                    )));
+                }
+            }
+        }
+        seen.insert(instr.id, instr);
+    }
+    Ok(())
+}
+
+/// Every array shape's layout, when present, names each dimension once.
+fn check_layout(s: &crate::proto::ShapeProto) -> Result<(), String> {
+    if shape::is_tuple(s) {
+        return s.tuple_shapes.iter().try_for_each(check_layout);
+    }
+    if let Some(layout) = &s.layout {
+        let rank = s.dimensions.len();
+        let m2m = &layout.minor_to_major;
+        let mut seen = vec![false; rank];
+        let valid = m2m.len() == rank
+            && m2m.iter().all(|&d| {
+                usize::try_from(d)
+                    .ok()
+                    .filter(|&d| d < rank && !seen[d])
+                    .map(|d| seen[d] = true)
+                    .is_some()
+            });
+        if !valid && !(m2m.is_empty() && !shape::is_array(s)) {
+            return Err(format!(
+                "layout {{{m2m:?}}} is not a permutation of {rank} dimensions of {}",
+                shape::describe(s)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn verify_call_graph(module: &Module) -> Result<(), VerifyError> {
+    // Iterative DFS with three colours; a grey callee is a cycle.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Colour {
+        White,
+        Grey,
+        Black,
+    }
+    let callees = |c: &Computation| -> Vec<i64> {
+        let mut v: Vec<i64> = c
+            .instructions()
+            .iter()
+            .flat_map(|i| i.called_computation_ids.iter().copied())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let mut colour: HashMap<i64, Colour> = module
+        .computations()
+        .iter()
+        .map(|c| (c.id().0, Colour::White))
+        .collect();
+    for start in module.computations() {
+        if colour[&start.id().0] != Colour::White {
+            continue;
+        }
+        let mut stack = vec![(start.id().0, callees(start), 0usize)];
+        colour.insert(start.id().0, Colour::Grey);
+        while let Some((id, next, at)) = stack.last_mut() {
+            if let Some(&callee) = next.get(*at) {
+                *at += 1;
+                match colour.get(&callee) {
+                    Some(Colour::Grey) => {
+                        let name = module
+                            .computation(crate::ir::CompId(callee))
+                            .map(|c| c.name().to_string())
+                            .unwrap_or_default();
+                        return Err(VerifyError::CallCycle(name));
+                    }
+                    Some(Colour::White) => {
+                        colour.insert(callee, Colour::Grey);
+                        let c = module.computation(crate::ir::CompId(callee));
+                        stack.push((callee, c.map(callees).unwrap_or_default(), 0));
+                    }
+                    _ => {}
+                }
+            } else {
+                colour.insert(*id, Colour::Black);
+                stack.pop();
+            }
+        }
+    }
+    Ok(())
+}
+
+fn verify_schedule(module: &Module) -> Result<(), VerifyError> {
+    let Some(schedule) = module.schedule() else {
+        return Ok(());
+    };
+    for (comp_id, seq) in schedule {
+        let c = module
+            .computation(crate::ir::CompId(comp_id))
+            .ok_or(VerifyError::ScheduleUnknownComputation(comp_id))?;
+        let bad = |message: String| VerifyError::BadSchedule {
+            comp: c.name().to_string(),
+            message,
+        };
+        if seq.len() != c.instructions().len() {
+            return Err(bad(format!(
+                "{} entries for {} instructions",
+                seq.len(),
+                c.instructions().len()
+            )));
+        }
+        let mut done: HashSet<i64> = HashSet::new();
+        for &id in seq {
+            let instr = c
+                .get(crate::ir::InstrId(id))
+                .ok_or_else(|| bad(format!("id {id} is not an instruction of the computation")))?;
+            if done.contains(&id) {
+                return Err(bad(format!("{} is scheduled twice", instr.name)));
+            }
+            let early = instr
+                .operand_ids
+                .iter()
+                .chain(&instr.control_predecessor_ids)
+                .find(|p| !done.contains(p));
+            if let Some(p) = early {
+                let name = c
+                    .get(crate::ir::InstrId(*p))
+                    .map(|i| i.name.clone())
+                    .unwrap_or_default();
+                return Err(bad(format!(
+                    "{} is scheduled before its input {name}",
+                    instr.name
+                )));
+            }
+            done.insert(id);
+        }
+    }
+    Ok(())
+}
