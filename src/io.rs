@@ -281,7 +281,9 @@ fn detect(bytes: &[u8]) -> Result<Format, FormatError> {
     if module_ok {
         return Ok(Format::Module);
     }
-    for f in [Format::WithConfig, Format::HloProto] {
+    // A dump wrapper and a module-with-config both hold the module in field
+    // 1; only the latter has field 2, which the wrapper's schema reserves.
+    for f in [Format::HloProto, Format::WithConfig] {
         if check_known(bytes, f).is_ok() {
             let has_module = match f {
                 Format::HloProto => HloProto::decode(bytes).ok().and_then(|w| w.hlo_module),

@@ -334,6 +334,9 @@ fn report_table(report: &[OpReport]) -> String {
 
 fn print(a: PrintArgs) -> Result<()> {
     let loaded = load(&a.input)?;
+    // Text of a malformed module would not read back; say what is wrong.
+    let module = equarx::ir::Module::from_proto(loaded.module.clone());
+    equarx::verify::verify(&module).with_context(|| a.input.input.display().to_string())?;
     let text = print_module_with(
         &loaded.module,
         &loaded.counts,

@@ -1,0 +1,167 @@
+//! Shared test plumbing: fixtures, the pinned Python environment, and
+//! batches of jobs for real XLA (`tests/xla/xla_tool.py`).
+//!
+//! Real XLA is the judge: these helpers never stand in for it. When the
+//! Python environment cannot be made, the test fails and says how to fix it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    repo().join("tests/fixtures")
+}
+
+pub fn fixture(name: &str) -> Vec<u8> {
+    let p = fixtures_dir().join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("cannot read fixture {}: {e}", p.display()))
+}
+
+/// `tests/fixtures/manifest.json`.
+pub fn manifest() -> Value {
+    serde_json::from_slice(&fixture("manifest.json")).expect("manifest.json is JSON")
+}
+
+/// Every binary module file among the fixtures (top level and `dumps/`).
+pub fn fixture_protos() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for dir in [fixtures_dir(), fixtures_dir().join("dumps")] {
+        for e in std::fs::read_dir(&dir).expect("fixtures dir") {
+            let p = e.expect("dir entry").path();
+            if p.extension().is_some_and(|x| x == "pb") {
+                v.push(p);
+            }
+        }
+    }
+    v.sort();
+    assert!(
+        v.len() >= 15,
+        "expected the fixture set, found {} files",
+        v.len()
+    );
+    v
+}
+
+/// The pinned venv's python, made on first use by `scripts/pyenv`.
+pub fn python() -> PathBuf {
+    static PY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new(repo().join("scripts/pyenv"))
+            .output()
+            .map_err(|e| format!("cannot run scripts/pyenv: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/pyenv failed (it installs python/requirements.txt from PyPI into target/pyenv; \
+                 needs python3 with venv and network access to PyPI):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok(PathBuf::from(path))
+    })
+    .clone()
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A scratch directory under `target/` (kept for post-mortems, cleaned on
+/// the next run of the same test).
+pub fn scratch(name: &str) -> PathBuf {
+    let d = repo().join("target/test-scratch").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create scratch dir");
+    d
+}
+
+/// Runs `jobs` through real XLA in one process; one result per job.
+pub fn run_xla(dir: &Path, jobs: &[Value]) -> Vec<Value> {
+    let jobs_path = dir.join("jobs.json");
+    let results_path = dir.join("results.json");
+    std::fs::write(&jobs_path, serde_json::to_vec_pretty(jobs).unwrap()).unwrap();
+    let out = Command::new(python())
+        .arg(repo().join("tests/xla/xla_tool.py"))
+        .arg(&jobs_path)
+        .arg(&results_path)
+        .current_dir(dir)
+        .output()
+        .expect("run xla_tool.py");
+    let results: Vec<Value> = std::fs::read(&results_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "xla_tool.py wrote no results (exit {:?}):\n{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert_eq!(results.len(), jobs.len(), "one result per job");
+    results
+}
+
+/// The `equarx` binary built for this test run.
+pub fn equarx() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_equarx"))
+}
+
+/// Little-endian bytes of bf16 values.
+pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+        .collect()
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Reads an output file of `dtype` as f32 values.
+pub fn read_values(path: &Path, dtype: &str) -> Vec<f32> {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    match dtype {
+        "bf16" => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        "f32" => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        other => panic!("read_values: unsupported dtype {other}"),
+    }
+}
+
+/// A small deterministic generator (splitmix64), so inputs are seeded and
+/// reproducible without extra crates.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    pub fn gaussian(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}

@@ -1,0 +1,897 @@
+//! Real XLA runs the rewritten modules.
+//!
+//! Every positive case is rewritten by the pass, then compiled and executed
+//! by pinned jaxlib on 8 virtual CPU devices with seeded inputs — Gaussian,
+//! heavy-tailed like LLM activations (a few channels 100× larger), and with
+//! NaN/Inf planted — and compared with the exact sum (f64 accumulation of
+//! the inputs). Required: the relative RMS error stays within the error
+//! model's bound, every participant of a group holds bit-identical results,
+//! a non-finite input makes exactly its block non-finite. The original
+//! module runs the same way as the baseline. All jobs go to XLA in one
+//! batch (a jax import costs seconds).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::{Rng, fixture, read_values, run_xla, scratch};
+use equarx::ir::shape;
+use equarx::numerics::error::{measured_crest_sq, output_rounding_rel_rms, ring_rel_rms};
+use equarx::proto::hlo_instruction_proto::ReplicaGroupList;
+use equarx::proto::{
+    CollectiveDeviceListProto, DeviceAssignmentProto, HloInstructionProto, HloModuleProto,
+    IotaReplicaGroupListProto, OpSharding, ReplicaGroup,
+    device_assignment_proto::ComputationDevice,
+};
+use equarx::{DeviceCounts, GatherForm, Options, RewriteOptions, ScaleType};
+use prost::Message;
+use serde_json::{Value, json};
+
+/// How a case's outputs are checked.
+#[derive(Clone)]
+enum Check {
+    /// Output k on device d is the sum of parameter k over d's group.
+    Psum { groups: Vec<Vec<usize>> },
+    /// Compared with a reference module (the original, or an equivalent
+    /// one XLA runs correctly) on the same inputs.
+    Program {
+        reference: HloModuleProto,
+        bound: f64,
+    },
+}
+
+struct Case {
+    name: String,
+    module: HloModuleProto,
+    options: RewriteOptions,
+    replicas: usize,
+    partitions: usize,
+    check: Check,
+    /// Whether the original module runs correctly in XLA:CPU here.
+    baseline: bool,
+    /// XLA passes to disable when compiling: re-optimizing an already fused
+    /// module trips XLA's reshape-mover (it moves a reshape through a fusion
+    /// and leaves the fusion's computation behind). In a real pipeline the
+    /// pass runs after these passes, so they never see its output.
+    disable: &'static str,
+}
+
+const P8: &[usize] = &[0, 1, 2, 3, 4, 5, 6, 7];
+const FUSED_DISABLE: &str = "reshape-mover,algsimp";
+/// κ² of blocks of 128 products of two standard Gaussians.
+const PRODUCT_CREST_SQ: f64 = 20.5;
+
+fn load(name: &str) -> HloModuleProto {
+    equarx::io::decode(&fixture(name), None)
+        .expect("fixture decodes")
+        .module
+}
+
+fn opts(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
+    let mut o = Options {
+        min_payload_bytes: 0,
+        pipeline_depth: 1,
+        ..Options::default()
+    };
+    edit(&mut o);
+    RewriteOptions {
+        pass: o,
+        ..RewriteOptions::default()
+    }
+}
+
+fn all_reduces(m: &mut HloModuleProto) -> impl Iterator<Item = &mut HloInstructionProto> {
+    m.computations
+        .iter_mut()
+        .flat_map(|c| c.instructions.iter_mut())
+        .filter(|i| i.opcode == "all-reduce")
+}
+
+fn list(groups: &[&[i64]]) -> Option<ReplicaGroupList> {
+    Some(ReplicaGroupList::CollectiveDeviceList(
+        CollectiveDeviceListProto {
+            replica_groups: groups
+                .iter()
+                .map(|g| ReplicaGroup {
+                    replica_ids: g.to_vec(),
+                })
+                .collect(),
+            iota_replica_group_list: None,
+        },
+    ))
+}
+
+fn with_counts(m: &mut HloModuleProto, replicas: usize, partitions: usize) {
+    m.device_assignment = Some(DeviceAssignmentProto {
+        replica_count: replicas as i32,
+        computation_count: partitions as i32,
+        computation_devices: (0..partitions)
+            .map(|p| ComputationDevice {
+                replica_device_ids: (0..replicas).map(|r| (r * partitions + p) as i64).collect(),
+            })
+            .collect(),
+    });
+}
+
+/// Turns every all-reduce into an `all-reduce-start` / `all-reduce-done` pair.
+fn make_async(m: &mut HloModuleProto) {
+    for c in &mut m.computations {
+        let Some(pos) = c.instructions.iter().position(|i| i.opcode == "all-reduce") else {
+            continue;
+        };
+        let start_id = c.instructions[pos].id;
+        c.instructions[pos].opcode = "all-reduce-start".into();
+        let max_local = c
+            .instructions
+            .iter()
+            .map(|i| i.id & 0xffff_ffff)
+            .max()
+            .unwrap();
+        let done = HloInstructionProto {
+            name: format!("{}.done", c.instructions[pos].name),
+            opcode: "all-reduce-done".into(),
+            shape: c.instructions[pos].shape.clone(),
+            id: (c.id << 32) | (max_local + 1),
+            operand_ids: vec![start_id],
+            ..Default::default()
+        };
+        let done_id = done.id;
+        for i in &mut c.instructions {
+            for op in &mut i.operand_ids {
+                if *op == start_id {
+                    *op = done_id;
+                }
+            }
+        }
+        if c.root_id == start_id {
+            c.root_id = done_id;
+        }
+        c.instructions.insert(pos + 1, done);
+    }
+}
+
+fn groups_of(g: &[&[usize]]) -> Vec<Vec<usize>> {
+    g.iter().map(|x| x.to_vec()).collect()
+}
+
+fn cases() -> Vec<Case> {
+    let psum =
+        |name: &str, module: HloModuleProto, options: RewriteOptions, groups: &[&[usize]]| Case {
+            name: name.into(),
+            module,
+            options,
+            replicas: 1,
+            partitions: 8,
+            check: Check::Psum {
+                groups: groups_of(groups),
+            },
+            baseline: true,
+            disable: "",
+        };
+    let p8 = || load("psum_bf16_p8.pb");
+    let mut v = vec![
+        psum("p8", p8(), opts(|_| {}), &[P8]),
+        psum(
+            "p8_d2_b32",
+            p8(),
+            opts(|o| (o.pipeline_depth, o.block_size) = (2, 32)),
+            &[P8],
+        ),
+        psum(
+            "p8_d4_b32",
+            p8(),
+            opts(|o| (o.pipeline_depth, o.block_size) = (4, 32)),
+            &[P8],
+        ),
+        psum(
+            "p8_bidirectional_b32",
+            p8(),
+            opts(|o| (o.bidirectional, o.block_size) = (true, 32)),
+            &[P8],
+        ),
+        psum(
+            "p8_bidirectional_d2_b32",
+            p8(),
+            opts(|o| (o.bidirectional, o.pipeline_depth, o.block_size) = (true, 2, 32)),
+            &[P8],
+        ),
+        psum("p8_padded_b96", p8(), opts(|o| o.block_size = 96), &[P8]),
+        psum(
+            "p8_permute_gather",
+            p8(),
+            opts(|o| o.gather = GatherForm::Permute),
+            &[P8],
+        ),
+        psum(
+            "p8_bf16_scales",
+            p8(),
+            opts(|o| o.scale_type = ScaleType::Bf16),
+            &[P8],
+        ),
+        psum(
+            "two_groups_of_4",
+            load("psum_bf16_2x4.pb"),
+            opts(|_| {}),
+            &[&[0, 1, 2, 3], &[4, 5, 6, 7]],
+        ),
+        psum(
+            "strided_groups_of_4",
+            load("psum_bf16_4x2_strided.pb"),
+            opts(|_| {}),
+            &[&[0, 2, 4, 6], &[1, 3, 5, 7]],
+        ),
+        psum(
+            "p2",
+            load("psum_bf16_2x4_strided.pb"),
+            opts(|_| {}),
+            &[&[0, 4], &[1, 5], &[2, 6], &[3, 7]],
+        ),
+        psum(
+            "f32_opt_in",
+            load("psum_f32_p8.pb"),
+            opts(|o| o.element_types = vec![equarx::proto::PrimitiveType::F32]),
+            &[P8],
+        ),
+        psum(
+            "two_all_reduces",
+            load("psum_pair_bf16_p8.pb"),
+            opts(|_| {}),
+            &[P8],
+        ),
+    ];
+    let mut fused = psum(
+        "after_optimizations_f32",
+        load("psum_bf16_p8_after_opt.pb"),
+        opts(|o| o.element_types.push(equarx::proto::PrimitiveType::F32)),
+        &[P8],
+    );
+    fused.disable = FUSED_DISABLE;
+    v.push(fused);
+
+    // Iota groups: [2,4]<=[8] and [2,4]<=[4,2]T(1,0).
+    for (name, dims, perm, groups) in [
+        (
+            "iota_groups",
+            vec![8],
+            vec![0],
+            groups_of(&[&[0, 1, 2, 3], &[4, 5, 6, 7]]),
+        ),
+        (
+            "iota_groups_transposed",
+            vec![4, 2],
+            vec![1, 0],
+            groups_of(&[&[0, 2, 4, 6], &[1, 3, 5, 7]]),
+        ),
+    ] {
+        let mut m = p8();
+        for ar in all_reduces(&mut m) {
+            ar.replica_group_list = Some(ReplicaGroupList::IotaCollectiveDeviceList(
+                IotaReplicaGroupListProto {
+                    num_replica_groups: 2,
+                    num_devices_per_group: 4,
+                    iota_reshape_dims: dims.clone(),
+                    iota_transpose_perm: perm.clone(),
+                },
+            ));
+        }
+        let g: Vec<&[usize]> = groups.iter().map(Vec::as_slice).collect();
+        v.push(psum(name, m, opts(|_| {}), &g));
+    }
+
+    // Cross-replica: no channel id, replica ids, 8 replicas.
+    let mut m = p8();
+    for ar in all_reduces(&mut m) {
+        ar.channel_id = 0;
+        ar.use_global_device_ids = false;
+    }
+    m.computations
+        .iter_mut()
+        .flat_map(|c| c.instructions.iter_mut())
+        .for_each(|i| i.sharding = None);
+    with_counts(&mut m, 8, 1);
+    let mut c = psum("cross_replica", m, opts(|_| {}), &[P8]);
+    (c.replicas, c.partitions) = (8, 1);
+    v.push(c);
+
+    // Channel id without global ids, one replica: every partition.
+    let mut m = p8();
+    for ar in all_reduces(&mut m) {
+        ar.use_global_device_ids = false;
+        ar.replica_group_list = list(&[&[0]]);
+    }
+    v.push(psum(
+        "cross_replica_and_partition_one_replica",
+        m,
+        opts(|_| {}),
+        &[P8],
+    ));
+
+    // Async all-reduce-start / all-reduce-done.
+    let mut m = p8();
+    make_async(&mut m);
+    v.push(psum("async_pair", m, opts(|_| {}), &[P8]));
+
+    // Tuple all-reduce (XLA's combiner output). XLA:CPU cannot run the
+    // original through this path (a layout check), but it runs the rewrite.
+    let mut t = psum(
+        "tuple",
+        load("psum_tuple_p8.pb"),
+        opts(|o| o.element_types.push(equarx::proto::PrimitiveType::F32)),
+        &[P8],
+    );
+    t.baseline = false;
+    t.disable = FUSED_DISABLE;
+    v.push(t);
+
+    // Programs: compared with the original's run.
+    let program = |name: &str, file: &str, options: RewriteOptions, bound: f64| {
+        let m = load(file);
+        Case {
+            name: name.into(),
+            module: m.clone(),
+            options,
+            replicas: 1,
+            partitions: 8,
+            check: Check::Program {
+                reference: m,
+                bound,
+            },
+            baseline: true,
+            disable: "",
+        }
+    };
+    // Inside programs the all-reduce inputs are matmul partials: products
+    // of Gaussians have κ² ≈ 20.5 for B = 128 (numpy, 20000 blocks), and the
+    // errors of L chained all-reduces add at most linearly.
+    let chained = |l: f64, p: usize| l * ring_rel_rms(p, PRODUCT_CREST_SQ);
+    let tp_bound = chained(2.0, 8);
+    v.push(program(
+        "tp_block_mesh_axes",
+        "tp_block_spmd.pb",
+        opts(|_| {}),
+        tp_bound,
+    ));
+    v.push(program(
+        "tp_block_shard_map",
+        "tp_block_shmap_spmd.pb",
+        opts(|_| {}),
+        tp_bound,
+    ));
+    // Four all-reduces inside a while body (a scan over layers).
+    v.push(program(
+        "while_body",
+        "scan_psum.pb",
+        opts(|_| {}),
+        chained(4.0, 8),
+    ));
+
+    // Mesh-axes groups with device ids: XLA's MLIR path mangles those in the
+    // original, so the reference is the same module with the groups the
+    // fixture generator recorded, written as explicit lists.
+    let m = load("mesh_axes_bf16_2x4.pb");
+    let mut reference = m.clone();
+    let recorded: Vec<Vec<Vec<i64>>> = common::manifest()["fixtures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "mesh_axes_bf16_2x4")
+        .unwrap()["all_reduces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| serde_json::from_value(a["groups"].clone()).unwrap())
+        .collect();
+    for (ar, groups) in all_reduces(&mut reference).zip(&recorded) {
+        let g: Vec<&[i64]> = groups.iter().map(Vec::as_slice).collect();
+        ar.replica_group_list = list(&g);
+    }
+    v.push(Case {
+        name: "mesh_axes_device_ids".into(),
+        module: m,
+        options: opts(|_| {}),
+        replicas: 1,
+        partitions: 8,
+        check: Check::Program {
+            reference,
+            bound: chained(1.0, 4),
+        },
+        baseline: false,
+        disable: "",
+    });
+    v
+}
+
+/// Which shard of a parameter device `d` holds: devices with the same key
+/// hold the same data (replicated parameters: every device).
+fn shard_key(sharding: Option<&OpSharding>, d: usize) -> Vec<i64> {
+    use equarx::proto::op_sharding::Type;
+    let Some(s) = sharding else {
+        return vec![d as i64];
+    };
+    match Type::try_from(s.r#type) {
+        Ok(Type::Replicated) => vec![],
+        Ok(Type::Other) => {
+            let dims = &s.tile_assignment_dimensions;
+            let devices = if s.iota_reshape_dims.is_empty() {
+                s.tile_assignment_devices.clone()
+            } else {
+                let perm: Vec<i64> = s
+                    .iota_transpose_perm
+                    .iter()
+                    .map(|&p| i64::from(p))
+                    .collect();
+                equarx::ir::groups::transposed_iota(&s.iota_reshape_dims, &perm).unwrap()
+            };
+            let pos = devices
+                .iter()
+                .position(|&x| x == d as i64)
+                .expect("device in tile assignment");
+            let mut coords = vec![0i64; dims.len()];
+            let mut rest = pos as i64;
+            for k in (0..dims.len()).rev() {
+                coords[k] = rest % dims[k];
+                rest /= dims[k];
+            }
+            let replicated_dims =
+                usize::from(s.replicate_on_last_tile_dim) + s.last_tile_dims.len();
+            coords.truncate(dims.len() - replicated_dims);
+            coords
+        }
+        _ => vec![d as i64],
+    }
+}
+
+/// Parameter shapes and element types of the entry computation.
+fn parameters(m: &HloModuleProto) -> Vec<(String, Vec<i64>)> {
+    let entry = m
+        .computations
+        .iter()
+        .find(|c| c.id == m.entry_computation_id)
+        .unwrap();
+    let mut params: Vec<&HloInstructionProto> = entry
+        .instructions
+        .iter()
+        .filter(|i| i.opcode == "parameter")
+        .collect();
+    params.sort_by_key(|p| p.parameter_number);
+    params
+        .iter()
+        .map(|p| {
+            let s = p.shape.as_ref().unwrap();
+            (
+                shape::type_name(s.element_type).unwrap().to_string(),
+                s.dimensions.clone(),
+            )
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Data {
+    Gaussian,
+    /// LLM-activation-like: every 64th channel of the last dimension is
+    /// 100× larger, on every device.
+    HeavyTailed,
+    /// Gaussian with a NaN on device 1 and an Inf on device 5.
+    Poisoned,
+}
+
+const POISON: [(usize, usize, f32); 2] = [(1, 300, f32::NAN), (5, 700, f32::INFINITY)];
+
+/// Inputs per device per parameter, rounded to the parameter's type.
+/// Devices that hold the same shard of a parameter (by its sharding) get the
+/// same values, as they would in the program JAX compiled.
+fn inputs(
+    params: &[(String, Vec<i64>)],
+    shardings: &[Option<OpSharding>],
+    devices: usize,
+    data: Data,
+    seed: u64,
+) -> Vec<Vec<Vec<f32>>> {
+    (0..devices)
+        .map(|d| {
+            params
+                .iter()
+                .enumerate()
+                .map(|(k, (ty, dims))| {
+                    let key = shard_key(shardings[k].as_ref(), d);
+                    let mut rng = Rng::new(seed ^ hash(&(k, &key)));
+                    let n: i64 = dims.iter().product();
+                    let last = *dims.last().unwrap_or(&1);
+                    let mut v: Vec<f32> = (0..n)
+                        .map(|i| {
+                            let x = rng.gaussian() as f32;
+                            if data == Data::HeavyTailed && (i % last) % 64 == 5 {
+                                100.0 * x
+                            } else {
+                                x
+                            }
+                        })
+                        .collect();
+                    if data == Data::Poisoned && k == 0 {
+                        for &(pd, at, bad) in &POISON {
+                            if pd == d && at < v.len() {
+                                v[at] = bad;
+                            }
+                        }
+                    }
+                    if ty == "bf16" {
+                        v.iter_mut()
+                            .for_each(|x| *x = half::bf16::from_f32(*x).to_f32());
+                    }
+                    v
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn hash<T: std::hash::Hash>(t: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    t.hash(&mut h);
+    h.finish()
+}
+
+/// The entry parameters' shardings (psum cases: none, every device its own
+/// data).
+fn shardings(m: &HloModuleProto, check: &Check, n: usize) -> Vec<Option<OpSharding>> {
+    if matches!(check, Check::Psum { .. }) {
+        return vec![None; n];
+    }
+    let entry = m
+        .computations
+        .iter()
+        .find(|c| c.id == m.entry_computation_id)
+        .unwrap();
+    let mut params: Vec<&HloInstructionProto> = entry
+        .instructions
+        .iter()
+        .filter(|i| i.opcode == "parameter")
+        .collect();
+    params.sort_by_key(|p| p.parameter_number);
+    params.iter().map(|p| p.sharding.clone()).collect()
+}
+
+fn write_inputs(dir: &Path, params: &[(String, Vec<i64>)], values: &[Vec<Vec<f32>>]) -> Value {
+    let devices: Vec<Value> = values
+        .iter()
+        .enumerate()
+        .map(|(d, per_param)| {
+            let entries: Vec<Value> = per_param
+                .iter()
+                .enumerate()
+                .map(|(k, v)| {
+                    let (ty, dims) = &params[k];
+                    let path = dir.join(format!("dev{d}_in{k}.bin"));
+                    let bytes = if ty == "bf16" {
+                        common::bf16_bytes(v)
+                    } else {
+                        common::f32_bytes(v)
+                    };
+                    std::fs::write(&path, bytes).unwrap();
+                    json!({"path": path, "dtype": ty, "shape": dims})
+                })
+                .collect();
+            Value::Array(entries)
+        })
+        .collect();
+    Value::Array(devices)
+}
+
+fn run_job(module: &Path, case: &Case, inputs: &Value, out: &Path) -> Value {
+    let mut job = json!({
+        "kind": "run",
+        "module": module,
+        "num_partitions": case.partitions,
+        "num_replicas": case.replicas,
+        "inputs": inputs,
+        "outputs_dir": out,
+    });
+    if !case.disable.is_empty() {
+        let passes = format!(
+            "sharding-propagation,spmd-partitioning,shardy-xla,{}",
+            case.disable
+        );
+        job["debug_options"] = json!({ "xla_disable_hlo_passes": passes });
+    }
+    job
+}
+
+/// Outputs of a run: per device, per output, f32 values.
+fn outputs(result: &Value, dir: &Path, devices: usize) -> Vec<Vec<Vec<f32>>> {
+    assert_eq!(result["ok"], true, "run failed: {}", result["error"]);
+    let outs = result["outputs"].as_array().unwrap();
+    (0..devices)
+        .map(|d| {
+            outs.iter()
+                .enumerate()
+                .map(|(k, o)| {
+                    read_values(
+                        &dir.join(format!("dev{d}_out{k}.bin")),
+                        o["dtype"].as_str().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (f64::from(g) - w).powi(2);
+        den += w * w;
+    }
+    (num / den).sqrt()
+}
+
+struct Measured {
+    case: String,
+    data: Data,
+    measured: f64,
+    bound: f64,
+    baseline: Option<f64>,
+}
+
+#[test]
+fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
+    let dir = scratch("xla_pass");
+    let cases = cases();
+    let mut jobs = Vec::new();
+    // (case index, data, rewritten job, baseline job, inputs)
+    let mut plan = Vec::new();
+    for (ci, case) in cases.iter().enumerate() {
+        let counts = DeviceCounts {
+            replica_count: Some(case.replicas as i64),
+            num_partitions: Some(case.partitions as i64),
+        };
+        let r = equarx::rewrite(case.module.clone(), counts, &case.options)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        assert!(
+            r.changed,
+            "{}: nothing rewritten: {:#?}",
+            case.name, r.report
+        );
+        assert!(
+            r.report.iter().all(|o| o.rewritten),
+            "{}: {:#?}",
+            case.name,
+            r.report
+        );
+        let s8_permutes = r
+            .module
+            .computations
+            .iter()
+            .flat_map(|c| &c.instructions)
+            .filter(|i| {
+                i.opcode.starts_with("collective-permute")
+                    && i.shape.as_ref().is_some_and(|s| {
+                        s.element_type == 2
+                            || s.tuple_shapes.first().is_some_and(|t| t.element_type == 2)
+                    })
+            })
+            .count();
+        assert!(s8_permutes > 0, "{}: no s8 collective-permute", case.name);
+        let cdir = dir.join(&case.name);
+        std::fs::create_dir_all(&cdir).unwrap();
+        let rewritten = cdir.join("rewritten.pb");
+        std::fs::write(&rewritten, r.module.encode_to_vec()).unwrap();
+        let reference = cdir.join("reference.pb");
+        let reference_module = match &case.check {
+            Check::Program { reference, .. } => reference.clone(),
+            Check::Psum { .. } => case.module.clone(),
+        };
+        std::fs::write(&reference, reference_module.encode_to_vec()).unwrap();
+        let params = parameters(&case.module);
+        let devices = case.replicas * case.partitions;
+        let datas: &[Data] = match case.check {
+            Check::Psum { .. } => &[Data::Gaussian, Data::HeavyTailed, Data::Poisoned],
+            Check::Program { .. } => &[Data::Gaussian],
+        };
+        for (di, &data) in datas.iter().enumerate() {
+            let idir = cdir.join(format!("{data:?}"));
+            std::fs::create_dir_all(&idir).unwrap();
+            let shards = shardings(&case.module, &case.check, params.len());
+            let values = inputs(
+                &params,
+                &shards,
+                devices,
+                data,
+                1000 + (ci * 10 + di) as u64,
+            );
+            let spec = write_inputs(&idir, &params, &values);
+            let rj = jobs.len();
+            jobs.push(run_job(&rewritten, case, &spec, &idir.join("rewritten")));
+            let bj = (case.baseline || matches!(case.check, Check::Program { .. })).then(|| {
+                jobs.push(run_job(&reference, case, &spec, &idir.join("reference")));
+                jobs.len() - 1
+            });
+            plan.push((ci, data, rj, bj, values, idir));
+        }
+    }
+    let results = run_xla(&dir, &jobs);
+
+    let mut table: Vec<Measured> = Vec::new();
+    let mut failures = Vec::new();
+    for (ci, data, rj, bj, values, idir) in &plan {
+        let case = &cases[*ci];
+        let devices = case.replicas * case.partitions;
+        if results[*rj]["ok"] != true {
+            failures.push(format!(
+                "{} {data:?}: XLA refused the rewrite: {}",
+                case.name, results[*rj]["error"]
+            ));
+            continue;
+        }
+        let got = outputs(&results[*rj], &idir.join("rewritten"), devices);
+        let block = case.options.pass.block_size;
+        match &case.check {
+            Check::Psum { groups } => {
+                for group in groups {
+                    // Bit-identical results across the group.
+                    for &d in &group[1..] {
+                        for (k, out) in got[d].iter().enumerate() {
+                            let same = out
+                                .iter()
+                                .zip(&got[group[0]][k])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            if !same {
+                                failures.push(format!(
+                                    "{} {data:?}: device {d} differs from device {} in output {k}",
+                                    case.name, group[0]
+                                ));
+                            }
+                        }
+                    }
+                    let mut worst: f64 = 0.0;
+                    let mut bound: f64 = 0.0;
+                    let mut baseline: f64 = 0.0;
+                    for k in 0..got[group[0]].len() {
+                        let exact: Vec<f64> = (0..values[0][k].len())
+                            .map(|i| group.iter().map(|&d| f64::from(values[d][k][i])).sum())
+                            .collect();
+                        let out = &got[group[0]][k];
+                        if *data == Data::Poisoned {
+                            check_poison(&case.name, k, group, out, block, &mut failures);
+                            continue;
+                        }
+                        let measured = rel_rms(out, &exact);
+                        // κ² from the data: the largest of the inputs' and the sum's.
+                        let mut crest = measured_crest_sq(
+                            &exact.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                            block,
+                        );
+                        for &d in group {
+                            crest = crest.max(measured_crest_sq(&values[d][k], block));
+                        }
+                        let ring = ring_rel_rms(group.len(), crest);
+                        let out_type = if results[*rj]["outputs"][k]["dtype"] == "bf16" {
+                            7
+                        } else {
+                            23
+                        };
+                        let rounding = output_rounding_rel_rms(out_type);
+                        let b = 1.25 * (ring * ring + rounding * rounding).sqrt();
+                        worst = worst.max(measured);
+                        bound = bound.max(b);
+                        if measured > b {
+                            failures.push(format!(
+                                "{} {data:?} output {k}: error {measured:.5} > bound {b:.5}",
+                                case.name
+                            ));
+                        }
+                        if let Some(bj) = bj {
+                            let base = outputs(&results[*bj], &idir.join("reference"), devices);
+                            baseline = baseline.max(rel_rms(&base[group[0]][k], &exact));
+                        }
+                    }
+                    if *data != Data::Poisoned {
+                        table.push(Measured {
+                            case: case.name.clone(),
+                            data: *data,
+                            measured: worst,
+                            bound,
+                            baseline: bj.map(|_| baseline),
+                        });
+                    }
+                }
+            }
+            Check::Program { bound, .. } => {
+                let bj = bj.expect("programs have a reference run");
+                if results[bj]["ok"] != true {
+                    failures.push(format!(
+                        "{}: reference failed: {}",
+                        case.name, results[bj]["error"]
+                    ));
+                    continue;
+                }
+                let want = outputs(&results[bj], &idir.join("reference"), devices);
+                for d in 1..devices {
+                    if got[d]
+                        .iter()
+                        .zip(&got[0])
+                        .any(|(a, b)| a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits()))
+                    {
+                        failures.push(format!("{}: device {d} differs from device 0", case.name));
+                    }
+                }
+                let mut worst: f64 = 0.0;
+                for d in 0..devices {
+                    for (k, out) in got[d].iter().enumerate() {
+                        let exact: Vec<f64> = want[d][k].iter().map(|&x| f64::from(x)).collect();
+                        worst = worst.max(rel_rms(out, &exact));
+                    }
+                }
+                if worst > *bound {
+                    failures.push(format!(
+                        "{}: error vs reference {worst:.5} > bound {bound:.5}",
+                        case.name
+                    ));
+                }
+                table.push(Measured {
+                    case: case.name.clone(),
+                    data: *data,
+                    measured: worst,
+                    bound: *bound,
+                    baseline: None,
+                });
+            }
+        }
+    }
+    let mut summary = String::from(
+        "case                                    data          measured    bound   baseline\n",
+    );
+    let mut seen = BTreeMap::new();
+    for m in &table {
+        *seen.entry(m.case.clone()).or_insert(0) += 1;
+        summary.push_str(&format!(
+            "{:<40}{:<12}{:>10.5}{:>10.5}{:>10}\n",
+            m.case,
+            format!("{:?}", m.data),
+            m.measured,
+            m.bound,
+            m.baseline.map_or("-".into(), |b| format!("{b:.5}"))
+        ));
+    }
+    std::fs::write(dir.join("summary.txt"), &summary).unwrap();
+    eprintln!("{summary}");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(seen.len(), cases.len(), "every case was measured");
+}
+
+/// Output blocks holding a poisoned input element are entirely non-finite;
+/// every other block is finite.
+fn check_poison(
+    name: &str,
+    k: usize,
+    group: &[usize],
+    out: &[f32],
+    block: usize,
+    failures: &mut Vec<String>,
+) {
+    let poisoned: Vec<usize> = POISON
+        .iter()
+        .filter(|(d, at, _)| k == 0 && group.contains(d) && *at < out.len())
+        .map(|(_, at, _)| at / block)
+        .collect();
+    for (b, chunk) in out.chunks(block).enumerate() {
+        let bad = poisoned.contains(&b);
+        if bad && chunk.iter().any(|x| x.is_finite()) {
+            failures.push(format!(
+                "{name}: output {k} block {b} holds a finite value next to a NaN/Inf input"
+            ));
+        }
+        if !bad && chunk.iter().any(|x| !x.is_finite()) {
+            failures.push(format!(
+                "{name}: output {k} block {b} is non-finite without a NaN/Inf input"
+            ));
+        }
+    }
+}
