@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use super::groups::{IdSpace, Participants};
-use super::plan::RingPlan;
+use super::plan::{Lane, RingPlan};
 use super::{GatherForm, ScaleType};
 use crate::ir::CompId;
 use crate::ir::builder::{Builder, Value};
@@ -35,11 +35,10 @@ pub struct RingInputs<'a> {
 pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
     let plan = inputs.plan;
     let p = plan.group_size as i64;
-    let (lanes, lane_len) = (plan.lanes() as i64, plan.lane_len as i64);
     let mut e = Emitter::new(b, inputs);
 
     // 1. Flatten every operand to f32, concatenate, zero-pad to P·c, and view
-    //    the payload as [P chunks, L lanes, c/L].
+    //    the payload as [P chunks, c].
     let flat: Vec<Value> = inputs
         .operands
         .iter()
@@ -54,13 +53,13 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
     } else {
         e.b.concatenate(&flat, 0)
     };
-    let padded = (plan.chunk() * plan.group_size) as i64;
+    let padded = plan.padded() as i64;
     if padded > plan.elements as i64 {
         let zero = e.b.zero(PrimitiveType::F32);
         payload =
             e.b.pad(&payload, &zero, &[(0, padded - plan.elements as i64)]);
     }
-    let chunks = e.b.reshape(&payload, &[p, lanes, lane_len]);
+    let chunks = e.b.reshape(&payload, &[p, plan.chunk as i64]);
 
     // 2. This device's rank r in its group, from its id through the table.
     let rank = e.rank();
@@ -70,16 +69,17 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
     //    that chunk. After P−1 steps rank r holds chunk r, fully summed.
     //    Step-major order interleaves the lanes, so each lane's hop can
     //    overlap another lane's quantize and add.
-    let mut partial: Vec<Value> = (0..lanes as usize)
-        .map(|l| e.own_part(&chunks, &rank, plan.lane_dirs[l], 0, l))
+    let mut partial: Vec<Value> = plan
+        .lanes
+        .iter()
+        .map(|lane| e.own_part(&chunks, &rank, lane, 0))
         .collect();
     for step in 0..p - 1 {
-        for (l, part) in partial.iter_mut().enumerate() {
-            let dir = plan.lane_dirs[l];
-            let message = e.quantize(part);
-            let received = e.permute(&message, dir);
-            let summed = e.dequantize(&received, None);
-            let own = e.own_part(&chunks, &rank, dir, step + 1, l);
+        for (lane, part) in plan.lanes.iter().zip(partial.iter_mut()) {
+            let message = e.quantize(part, lane);
+            let received = e.permute(&message, lane.dir);
+            let summed = e.dequantize(&received, lane, None);
+            let own = e.own_part(&chunks, &rank, lane, step + 1);
             *part = e.b.add_op(&summed, &own);
         }
     }
@@ -87,19 +87,19 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
     // 4. All-gather: the owner quantizes its chunk once; every rank, the
     //    owner included, dequantizes all P chunks from the same int8 codes,
     //    so every participant ends with bit-identical results.
-    let gathered: Vec<Value> = partial
+    let gathered: Vec<Value> = plan
+        .lanes
         .iter()
-        .enumerate()
-        .map(|(l, part)| {
-            let message = e.quantize(part);
-            let all = e.gather(&message, &rank, plan.lane_dirs[l]);
-            let values = e.dequantize(&all, Some(p));
-            e.b.reshape(&values, &[p, 1, lane_len])
+        .zip(&partial)
+        .map(|(lane, part)| {
+            let message = e.quantize(part, lane);
+            let all = e.gather(&message, &rank, lane);
+            e.dequantize(&all, lane, Some(p))
         })
         .collect();
 
-    // 5. Reassemble [P, L, c/L], drop the padding, and give each operand its
-    //    sum back in its own shape, type and layout.
+    // 5. Reassemble [P, c] from the lanes, drop the padding, and give each
+    //    operand its sum back in its own shape, type and layout.
     let whole = if gathered.len() == 1 {
         gathered[0].clone()
     } else {
@@ -130,7 +130,8 @@ struct Emitter<'b, 'm, 'i> {
     /// Chunk index (r − dir·k) mod P, by (dir, k).
     chunk_index: HashMap<(i64, i64), Value>,
     scalars: HashMap<&'static str, Value>,
-    lane_zero: Option<Value>,
+    /// s32 constants of the lanes' offsets inside a chunk.
+    lane_offsets: HashMap<usize, Value>,
 }
 
 impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
@@ -140,7 +141,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             inputs,
             chunk_index: HashMap::new(),
             scalars: HashMap::new(),
-            lane_zero: None,
+            lane_offsets: HashMap::new(),
         }
     }
 
@@ -206,32 +207,28 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         v
     }
 
-    /// This device's own f32 contribution to lane `lane` of the chunk sent at
-    /// step `k − 1` (k = 0: the chunk it starts with).
-    fn own_part(&mut self, chunks: &Value, rank: &Value, dir: i64, k: i64, lane: usize) -> Value {
-        let chunk = self.chunk_of(rank, dir, k + 1);
-        let lane_index = self.s32(lane as i64);
-        let zero = match &self.lane_zero {
-            Some(z) => z.clone(),
+    /// This device's own f32 contribution to `lane` of the chunk it sends at
+    /// step `k` (k = 0: the chunk it starts with), which is the chunk it
+    /// received at step k − 1.
+    fn own_part(&mut self, chunks: &Value, rank: &Value, lane: &Lane, k: i64) -> Value {
+        let chunk = self.chunk_of(rank, lane.dir, k + 1);
+        let offset = match self.lane_offsets.get(&lane.offset) {
+            Some(v) => v.clone(),
             None => {
-                let z = self.s32(0);
-                self.lane_zero = Some(z.clone());
-                z
+                let v = self.s32(lane.offset as i64);
+                self.lane_offsets.insert(lane.offset, v.clone());
+                v
             }
         };
-        let len = self.plan().lane_len as i64;
-        let part = self
-            .b
-            .dynamic_slice(chunks, &[chunk, lane_index, zero], &[1, 1, len]);
+        let len = lane.len as i64;
+        let part = self.b.dynamic_slice(chunks, &[chunk, offset], &[1, len]);
         self.b.reshape(&part, &[len])
     }
 
-    /// f32[c/L] → one s8 message: codes, then the scales' bytes.
-    fn quantize(&mut self, v: &Value) -> Value {
-        let (nb, bl) = (
-            self.plan().blocks_per_lane() as i64,
-            self.plan().block as i64,
-        );
+    /// f32[len] → one s8 message: codes, then the scales' bytes.
+    fn quantize(&mut self, v: &Value, lane: &Lane) -> Value {
+        let bl = self.plan().block as i64;
+        let nb = lane.len as i64 / bl;
         let blocks = self.b.reshape(v, &[nb, bl]);
         let magnitude = self.b.unary("abs", &blocks);
         let zero = self.scalar("f32_zero", |b| b.zero(PrimitiveType::F32));
@@ -264,15 +261,10 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     }
 
     /// One s8 message (or `[P, message]` with `lead = Some(P)`) → f32 values.
-    fn dequantize(&mut self, message: &Value, lead: Option<i64>) -> Value {
-        let (nb, bl) = (
-            self.plan().blocks_per_lane() as i64,
-            self.plan().block as i64,
-        );
-        let (len, msg) = (
-            self.plan().lane_len as i64,
-            self.plan().message_len() as i64,
-        );
+    fn dequantize(&mut self, message: &Value, lane: &Lane, lead: Option<i64>) -> Value {
+        let bl = self.plan().block as i64;
+        let (len, msg) = (lane.len as i64, self.plan().message_len(lane) as i64);
+        let nb = len / bl;
         let width = self.plan().scale_type.bytes() as i64;
         let lead_dims: Vec<i64> = lead.into_iter().collect();
         let with_lead =
@@ -316,9 +308,9 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     }
 
     /// Every rank's message, stacked in rank order: `s8[P, message]`.
-    fn gather(&mut self, message: &Value, rank: &Value, dir: i64) -> Value {
-        let p = self.plan().group_size as i64;
-        let msg = self.plan().message_len() as i64;
+    fn gather(&mut self, message: &Value, rank: &Value, lane: &Lane) -> Value {
+        let (p, dir) = (self.plan().group_size as i64, lane.dir);
+        let msg = self.plan().message_len(lane) as i64;
         let row = self.b.reshape(message, &[1, msg]);
         match self.inputs.gather {
             GatherForm::AllGather => {

@@ -407,8 +407,8 @@ fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &RingPlan, emitted:
     }
     entry.plan = Some(PlanSummary {
         block_size: plan.block,
-        lanes: plan.lanes(),
-        padding_elements: plan.chunk() * p - plan.elements,
+        lanes: plan.lanes.len(),
+        padding_elements: plan.padded() - plan.elements,
         collective_permutes: emitted.collective_permutes,
         all_gathers: emitted.all_gathers,
     });

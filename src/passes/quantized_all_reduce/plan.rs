@@ -2,17 +2,30 @@
 //! before any HLO is emitted, so the byte accounting in the report and the
 //! emitted collectives come from the same numbers.
 //!
-//! The flattened payload (`n` f32 elements) is zero-padded to `P·c` and seen
-//! as `[P chunks][L lanes][c/L elements]`. A lane is an independent chain of
-//! ops over one sub-chunk of every chunk: `D` lanes per direction, twice
-//! that with a bidirectional ring (the second half of the lanes travels the
-//! other way). `c/L` is a multiple of the block size `B`, so blocks never
-//! straddle lanes or chunks.
+//! The flattened payload (`n` f32 elements) is zero-padded to `P·c`, with
+//! the per-rank chunk `c` the smallest multiple of the block size `B` that
+//! holds `n/P` (so the padding is below `P·B` elements), and seen as
+//! `[P chunks, c]`. A lane is an independent chain of ops over one
+//! contiguous sub-chunk of every chunk: `D` lanes per direction, twice that
+//! with a bidirectional ring (the second half of the lanes travels the other
+//! way). Lanes hold whole blocks, as evenly as possible (they differ by at
+//! most one block), so blocks never straddle lanes or chunks.
 //!
 //! One message per hop: the lane's s8 codes followed by its scales,
-//! bit-cast to s8 (`c/L + (c/L/B)·scale_bytes` bytes).
+//! bit-cast to s8 (`len + (len/B)·scale_bytes` bytes).
 
 use super::{Options, ScaleType, SkipReason, groups::Participants};
+
+/// One independent chain of the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lane {
+    /// +1: every rank sends to rank + 1; −1: to rank − 1.
+    pub dir: i64,
+    /// Where the lane's sub-chunk starts inside a chunk.
+    pub offset: usize,
+    /// Elements of the sub-chunk, a multiple of the block size.
+    pub len: usize,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RingPlan {
@@ -20,12 +33,11 @@ pub struct RingPlan {
     pub group_size: usize,
     /// Block size B.
     pub block: usize,
-    /// Direction of each lane: +1 (to rank+1) or -1.
-    pub lane_dirs: Vec<i64>,
+    pub lanes: Vec<Lane>,
     /// Payload elements (all packed operands).
     pub elements: usize,
-    /// Elements per lane sub-chunk (`c/L`), a multiple of `block`.
-    pub lane_len: usize,
+    /// Elements per rank chunk, `c`: a multiple of `block`.
+    pub chunk: usize,
     pub scale_type: ScaleType,
 }
 
@@ -37,60 +49,59 @@ impl RingPlan {
     ) -> Result<Self, SkipReason> {
         let p = participants.group_size();
         let b = options.block_size;
-        let lanes = options.pipeline_depth * if options.bidirectional { 2 } else { 1 };
-        // c/L = ceil(n / (P·L·B)) · B, computed without overflow.
-        let unit = p
-            .checked_mul(lanes)
-            .and_then(|x| x.checked_mul(b))
-            .ok_or(SkipReason::TooLarge)?;
-        let lane_len = elements
-            .div_ceil(unit)
-            .checked_mul(b)
-            .ok_or(SkipReason::TooLarge)?;
-        let plan = RingPlan {
-            group_size: p,
-            block: b,
-            lane_dirs: (0..lanes)
-                .map(|l| if l < options.pipeline_depth { 1 } else { -1 })
-                .collect(),
-            elements,
-            lane_len,
-            scale_type: options.scale_type,
-        };
-        plan.padded().ok_or(SkipReason::TooLarge)?;
-        if i32::try_from(plan.padded().unwrap_or(usize::MAX)).is_err() {
+        let per_rank_blocks = elements
+            .div_ceil(p.checked_mul(b).ok_or(SkipReason::TooLarge)?)
+            .max(1);
+        let chunk = per_rank_blocks.checked_mul(b).ok_or(SkipReason::TooLarge)?;
+        let padded = chunk.checked_mul(p).ok_or(SkipReason::TooLarge)?;
+        if i32::try_from(padded).is_err() {
             return Err(SkipReason::TooLarge);
         }
-        Ok(plan)
-    }
-
-    pub fn lanes(&self) -> usize {
-        self.lane_dirs.len()
-    }
-
-    /// Elements per rank chunk, `c`.
-    pub fn chunk(&self) -> usize {
-        self.lane_len * self.lanes()
+        // D lanes per direction, never more lanes than blocks.
+        let directions: &[i64] = if options.bidirectional && per_rank_blocks >= 2 {
+            &[1, -1]
+        } else {
+            &[1]
+        };
+        let count = (options.pipeline_depth * directions.len()).min(per_rank_blocks);
+        let per_dir = count / directions.len();
+        let mut lanes = Vec::with_capacity(count);
+        let mut offset = 0;
+        for l in 0..count {
+            let blocks = per_rank_blocks / count + usize::from(l < per_rank_blocks % count);
+            let dir = directions[(l / per_dir).min(directions.len() - 1)];
+            lanes.push(Lane {
+                dir,
+                offset,
+                len: blocks * b,
+            });
+            offset += blocks * b;
+        }
+        Ok(RingPlan {
+            group_size: p,
+            block: b,
+            lanes,
+            elements,
+            chunk,
+            scale_type: options.scale_type,
+        })
     }
 
     /// `P·c`, the padded payload.
-    pub fn padded(&self) -> Option<usize> {
-        self.chunk().checked_mul(self.group_size)
+    pub fn padded(&self) -> usize {
+        self.chunk * self.group_size
     }
 
-    pub fn blocks_per_lane(&self) -> usize {
-        self.lane_len / self.block
-    }
-
-    /// Bytes of one hop's message (codes, then scales).
-    pub fn message_len(&self) -> usize {
-        self.lane_len + self.blocks_per_lane() * self.scale_type.bytes()
+    /// Bytes of one hop's message on `lane` (codes, then scales).
+    pub fn message_len(&self, lane: &Lane) -> usize {
+        lane.len + lane.len / self.block * self.scale_type.bytes()
     }
 
     /// Bytes each device sends: P−1 reduce-scatter hops and the all-gather's
-    /// P−1 messages, per lane.
+    /// P−1 messages, on every lane.
     pub fn wire_bytes(&self) -> u64 {
-        2 * (self.group_size as u64 - 1) * self.lanes() as u64 * self.message_len() as u64
+        let per_hop: usize = self.lanes.iter().map(|l| self.message_len(l)).sum();
+        2 * (self.group_size as u64 - 1) * per_hop as u64
     }
 }
 
@@ -118,30 +129,50 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_padded_to_whole_blocks_per_lane() {
+    fn chunks_hold_whole_blocks_and_lanes_split_them_evenly() {
         let o = Options {
             block_size: 128,
             pipeline_depth: 2,
             bidirectional: true,
             ..Options::default()
         };
-        let plan = RingPlan::new(&group(8), 1000, &o).unwrap();
-        assert_eq!(plan.lanes(), 4);
-        assert_eq!(plan.lane_len, 128);
-        assert_eq!(plan.padded(), Some(8 * 4 * 128));
-        assert_eq!(plan.lane_dirs, vec![1, 1, -1, -1]);
+        // 10 000 elements over 8 ranks: 1250 each → 10 blocks of 128.
+        let plan = RingPlan::new(&group(8), 10_000, &o).unwrap();
+        assert_eq!(plan.chunk, 1280);
+        assert_eq!(plan.padded(), 10_240);
+        let lens: Vec<usize> = plan.lanes.iter().map(|l| l.len).collect();
+        assert_eq!(lens, vec![384, 384, 256, 256]);
+        let dirs: Vec<i64> = plan.lanes.iter().map(|l| l.dir).collect();
+        assert_eq!(dirs, vec![1, 1, -1, -1]);
+        assert_eq!(plan.lanes[3].offset + plan.lanes[3].len, plan.chunk);
     }
 
     #[test]
-    fn one_mib_of_bf16_halves_the_wire_bytes() {
+    fn lanes_never_outnumber_blocks() {
         let o = Options {
             block_size: 128,
-            pipeline_depth: 1,
+            pipeline_depth: 64,
             ..Options::default()
         };
-        let n = 512 * 1024; // 1 MiB of bf16
-        let plan = RingPlan::new(&group(8), n, &o).unwrap();
-        let ratio = ring_wire_bytes(8, 2 * n as u64) as f64 / plan.wire_bytes() as f64;
-        assert!(ratio >= 1.93 && ratio <= 1.94, "{ratio}");
+        let plan = RingPlan::new(&group(8), 2048, &o).unwrap();
+        assert_eq!(plan.lanes.len(), 2);
+        assert_eq!(plan.padded(), 2048);
+    }
+
+    #[test]
+    fn a_mib_of_bf16_or_more_halves_the_wire_bytes_whatever_the_lanes() {
+        for n in [512 * 1024, 1_000_000, 524_289, 3 * 1024 * 1024 + 17] {
+            for (depth, bidirectional) in [(1, false), (4, true), (16, true)] {
+                let o = Options {
+                    block_size: 128,
+                    pipeline_depth: depth,
+                    bidirectional,
+                    ..Options::default()
+                };
+                let plan = RingPlan::new(&group(8), n, &o).unwrap();
+                let ratio = ring_wire_bytes(8, 2 * n as u64) as f64 / plan.wire_bytes() as f64;
+                assert!((1.93..=1.94).contains(&ratio), "n={n} D={depth}: {ratio}");
+            }
+        }
     }
 }

@@ -1,0 +1,277 @@
+//! The pass's output contract, checked on every fixture: verified output,
+//! determinism, untouched instructions keep their ids and every field, new
+//! shapes carry layouts, new channel ids are unique, new ops name the
+//! all-reduce they came from, schedules stay valid, and the wire bytes
+//! halve.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+
+use common::fixture_protos;
+use equarx::io::DeviceCounts;
+use equarx::ir::shape;
+use equarx::proto::{HloInstructionProto, HloModuleProto, PrimitiveType, ShapeProto};
+use equarx::{Options, RewriteOptions};
+use prost::Message;
+
+fn options(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
+    let mut pass = Options {
+        min_payload_bytes: 0,
+        pipeline_depth: 1,
+        element_types: vec![PrimitiveType::Bf16, PrimitiveType::F32],
+        ..Options::default()
+    };
+    edit(&mut pass);
+    RewriteOptions {
+        pass,
+        ..RewriteOptions::default()
+    }
+}
+
+fn instructions(m: &HloModuleProto) -> HashMap<i64, &HloInstructionProto> {
+    m.computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .map(|i| (i.id, i))
+        .collect()
+}
+
+fn all_laid_out(s: &ShapeProto) -> bool {
+    if shape::is_tuple(s) {
+        s.tuple_shapes.iter().all(all_laid_out)
+    } else {
+        !shape::is_array(s) || s.layout.is_some()
+    }
+}
+
+fn load(path: &std::path::Path) -> equarx::io::Loaded {
+    equarx::io::decode(&std::fs::read(path).unwrap(), None).unwrap()
+}
+
+#[test]
+fn rewrites_of_every_fixture_keep_the_contract() {
+    let mut rewritten_fixtures = 0;
+    for path in fixture_protos() {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let loaded = load(&path);
+        let run = || equarx::rewrite(loaded.module.clone(), loaded.counts, &options(|_| {}));
+        let first = run().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let second = run().unwrap();
+        assert_eq!(
+            first.module.encode_to_vec(),
+            second.module.encode_to_vec(),
+            "{name}: not deterministic"
+        );
+        if !first.changed {
+            assert_eq!(
+                first.module, loaded.module,
+                "{name}: unchanged means unchanged"
+            );
+            continue;
+        }
+        rewritten_fixtures += 1;
+        let before = instructions(&loaded.module);
+        let after = instructions(&first.module);
+        let rewritten: HashSet<&str> = first
+            .report
+            .iter()
+            .filter(|r| r.rewritten)
+            .map(|r| r.name.as_str())
+            .collect();
+        let old_channels: HashSet<i64> = before
+            .values()
+            .map(|i| i.channel_id)
+            .filter(|&c| c > 0)
+            .collect();
+        let mut new_channels = HashSet::new();
+        for (id, old) in &before {
+            match after.get(id) {
+                Some(new) => {
+                    // Users of a rewritten all-reduce are rewired; nothing
+                    // else about any surviving instruction changes.
+                    let mut old = (*old).clone();
+                    old.operand_ids = new.operand_ids.clone();
+                    assert_eq!(&old, *new, "{name}: {} changed", new.name);
+                }
+                None => {
+                    let gone = rewritten.contains(old.name.as_str())
+                        || old.opcode == "all-reduce-done"
+                        || old.opcode == "get-tuple-element";
+                    assert!(gone, "{name}: {} ({}) disappeared", old.name, old.opcode);
+                }
+            }
+        }
+        for (id, new) in &after {
+            if before.contains_key(id) {
+                continue;
+            }
+            assert!(
+                all_laid_out(new.shape.as_ref().unwrap()),
+                "{name}: {} has no layout",
+                new.name
+            );
+            if new.channel_id > 0 {
+                assert!(
+                    !old_channels.contains(&new.channel_id),
+                    "{name}: channel {} reused",
+                    new.channel_id
+                );
+                assert!(
+                    new_channels.insert(new.channel_id),
+                    "{name}: channel {} twice",
+                    new.channel_id
+                );
+            }
+            let from_pass = new.opcode == "parameter" || new.opcode == "maximum" // the reducer computation
+                || new
+                    .metadata
+                    .as_ref()
+                    .is_some_and(|m| rewritten.iter().any(|r| m.op_name.contains(&format!("equarx[{r}]"))));
+            assert!(
+                from_pass,
+                "{name}: {} does not name its all-reduce",
+                new.name
+            );
+        }
+        if loaded
+            .module
+            .schedule
+            .as_ref()
+            .is_some_and(|s| !s.sequences.is_empty())
+        {
+            let sched = first.module.schedule.as_ref().unwrap();
+            for c in first
+                .module
+                .computations
+                .iter()
+                .filter(|c| !c.is_fusion_computation)
+            {
+                let seq = &sched.sequences[&c.id].instruction_ids;
+                assert_eq!(
+                    seq.len(),
+                    c.instructions.len(),
+                    "{name}: schedule of {}",
+                    c.name
+                );
+            }
+        }
+    }
+    assert!(
+        rewritten_fixtures >= 10,
+        "only {rewritten_fixtures} fixtures were rewritten"
+    );
+}
+
+#[test]
+fn a_scheduled_module_keeps_a_valid_schedule() {
+    let loaded = load(&common::fixtures_dir().join("tp_block_after_opt.pb"));
+    assert!(
+        loaded
+            .module
+            .schedule
+            .as_ref()
+            .is_some_and(|s| !s.sequences.is_empty())
+    );
+    let r = equarx::rewrite(loaded.module.clone(), loaded.counts, &options(|_| {})).unwrap();
+    assert!(r.changed);
+    // rewrite() verified the result, schedule included; check it is not empty.
+    // Every non-fusion computation (the new reducer too) has its sequence;
+    // rewrite() has verified each one orders exactly its instructions.
+    let sched = r.module.schedule.unwrap();
+    for c in r
+        .module
+        .computations
+        .iter()
+        .filter(|c| !c.is_fusion_computation)
+    {
+        let seq = sched
+            .sequences
+            .get(&c.id)
+            .unwrap_or_else(|| panic!("{} has no sequence", c.name));
+        assert_eq!(
+            seq.instruction_ids.len(),
+            c.instructions.len(),
+            "{}",
+            c.name
+        );
+    }
+}
+
+/// `psum_bf16_p8` with its [8,128] payload grown to `dims`.
+fn psum_of(dims: &[i64]) -> (HloModuleProto, DeviceCounts) {
+    fn grow(s: &mut ShapeProto, dims: &[i64]) {
+        if s.dimensions == [8, 128] {
+            s.dimensions = dims.to_vec();
+            s.is_dynamic_dimension = vec![false; dims.len()];
+            s.layout = Some(Box::new(shape::default_layout(dims.len())));
+        }
+        s.tuple_shapes.iter_mut().for_each(|t| grow(t, dims));
+    }
+    let loaded = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
+    let mut m = loaded.module;
+    for c in &mut m.computations {
+        for i in &mut c.instructions {
+            grow(i.shape.as_mut().unwrap(), dims);
+        }
+        if let Some(ps) = &mut c.program_shape {
+            ps.parameters.iter_mut().for_each(|p| grow(p, dims));
+            ps.result.iter_mut().for_each(|r| grow(r, dims));
+        }
+    }
+    if let Some(ps) = &mut m.host_program_shape {
+        ps.parameters.iter_mut().for_each(|p| grow(p, dims));
+        ps.result.iter_mut().for_each(|r| grow(r, dims));
+    }
+    (m, loaded.counts)
+}
+
+#[test]
+fn wire_bytes_of_a_mib_or_more_nearly_halve() {
+    for dims in [&[512i64, 1024][..], &[1000, 1000], &[4096, 1024]] {
+        let (m, counts) = psum_of(dims);
+        for (depth, bidirectional) in [(1, false), (2, false), (4, true)] {
+            let o = RewriteOptions {
+                pass: Options {
+                    block_size: 128,
+                    pipeline_depth: depth,
+                    bidirectional,
+                    ..Options::default()
+                },
+                ..RewriteOptions::default()
+            };
+            let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+            let op = &r.report[0];
+            assert!(op.rewritten, "{dims:?}: {op:?}");
+            let ratio = op.wire_ratio().unwrap();
+            assert!(
+                (1.93..=1.94).contains(&ratio),
+                "{dims:?} D={depth} bidirectional={bidirectional}: ratio {ratio}"
+            );
+            // The report counts the emitted collectives; check it against
+            // the module itself.
+            let permutes = r
+                .module
+                .computations
+                .iter()
+                .flat_map(|c| &c.instructions)
+                .filter(|i| i.opcode == "collective-permute")
+                .count();
+            assert_eq!(op.plan.as_ref().unwrap().collective_permutes, permutes);
+        }
+    }
+}
+
+#[test]
+fn the_default_threshold_skips_small_all_reduces_with_a_reason() {
+    let loaded = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
+    let r = equarx::rewrite(
+        loaded.module.clone(),
+        loaded.counts,
+        &RewriteOptions::default(),
+    )
+    .unwrap();
+    assert!(!r.changed);
+    let reason = r.report[0].reason.as_deref().unwrap();
+    assert!(reason.contains("below the minimum"), "{reason}");
+}
