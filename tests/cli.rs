@@ -1,0 +1,137 @@
+//! The `equarx` command line as users meet it.
+
+mod common;
+
+use common::{equarx, fixtures_dir, scratch};
+use serde_json::Value;
+
+fn run(args: &[&str]) -> (String, String) {
+    let o = equarx().args(args).output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    );
+    assert!(o.status.success(), "equarx {args:?} failed: {err}");
+    (out, err)
+}
+
+fn fixture(name: &str) -> String {
+    fixtures_dir().join(name).display().to_string()
+}
+
+#[test]
+fn analyze_lists_the_tp_block_all_reduces_as_flattened_ids_over_8() {
+    let (out, _) = run(&["analyze", &fixture("tp_block_after_opt.pb")]);
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains(" all-reduce ")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for row in rows {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[3], "8", "group size: {row}");
+        assert!(row.contains("flattened ids"), "{row}");
+    }
+    let (json, _) = run(&["analyze", "--json", &fixture("tp_block_after_opt.pb")]);
+    let list: Vec<Value> = serde_json::from_str(&json).unwrap();
+    assert!(list.iter().all(|c| c["group_size"] == 8 && c["mode"] == "flattened ids"));
+    assert!(list.iter().all(|c| c["payload_bytes"] == 2 * 16 * 256 * 4), "f32 payload after XLA:CPU promotion");
+}
+
+#[test]
+fn analyze_tells_group_encodings_apart() {
+    let (json, _) = run(&["analyze", "--json", &fixture("tp_block_spmd.pb")]);
+    let list: Vec<Value> = serde_json::from_str(&json).unwrap();
+    assert!(list.iter().all(|c| c["encoding"] == "mesh-axes"), "{json}");
+    let (json, _) = run(&["analyze", "--json", &fixture("psum_bf16_2x4_strided.pb")]);
+    let list: Vec<Value> = serde_json::from_str(&json).unwrap();
+    assert_eq!(list[0]["encoding"], "list");
+    assert_eq!(list[0]["group_size"], 2);
+    assert_eq!(list[0]["groups"], 4);
+}
+
+#[test]
+fn rewrite_reports_every_all_reduce_in_a_table_and_as_json() {
+    let dir = scratch("cli_report");
+    let out = dir.join("tp.pb");
+    let json = dir.join("report.json");
+    let (table, _) = run(&[
+        "rewrite",
+        &fixture("tp_block_spmd.pb"),
+        "-o",
+        out.to_str().unwrap(),
+        "--min-payload",
+        "0",
+        "--report",
+        "--report-json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(table.contains("2 of 2 all-reduces rewritten"), "{table}");
+    let report: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report.len(), 2);
+    for r in &report {
+        assert_eq!(r["rewritten"], true);
+        assert_eq!(r["group_size"], 8);
+        assert_eq!(r["mode"], "flattened ids");
+        assert_eq!(r["encoding"], "mesh-axes");
+        let (before, after) = (r["wire_bytes_before"].as_u64().unwrap(), r["wire_bytes_after"].as_u64().unwrap());
+        assert!(before as f64 / after as f64 > 1.9, "{r}");
+        assert!(r["predicted_rel_rms"].as_f64().unwrap() > 0.0);
+    }
+    // Skips carry their reason.
+    let (table, _) = run(&["rewrite", &fixture("psum_f32_p8.pb"), "-o", out.to_str().unwrap(), "--report"]);
+    assert!(table.contains("f32 is not enabled"), "{table}");
+}
+
+#[test]
+fn text_output_by_flag_or_extension() {
+    let dir = scratch("cli_text");
+    let by_ext = dir.join("m.txt");
+    run(&["rewrite", &fixture("psum_bf16_p8.pb"), "-o", by_ext.to_str().unwrap(), "--min-payload", "0"]);
+    let text = std::fs::read_to_string(&by_ext).unwrap();
+    assert!(text.starts_with("HloModule "), "{text}");
+    assert!(text.contains("collective-permute("), "{text}");
+    let (stdout, _) = run(&["rewrite", &fixture("psum_bf16_p8.pb"), "-o", "-", "--format", "text", "--min-payload", "0"]);
+    assert_eq!(stdout, text);
+    let gz = dir.join("m.pb.gz");
+    run(&["rewrite", &fixture("psum_bf16_p8.pb"), "-o", gz.to_str().unwrap()]);
+    let bytes = std::fs::read(&gz).unwrap();
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip");
+    let (printed, _) = run(&["print", gz.to_str().unwrap()]);
+    assert!(printed.contains("all-reduce("), "gzip input is read back");
+}
+
+#[test]
+fn stdin_in_and_dumps_on_request() {
+    let dir = scratch("cli_stdin");
+    let input = std::fs::read(fixtures_dir().join("psum_bf16_p8.pb")).unwrap();
+    let mut child = equarx()
+        .args(["rewrite", "-", "-o", "-", "--min-payload", "0", "--dump-dir"])
+        .arg(dir.join("dumps"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let decoded = equarx::io::decode(&out.stdout, None).unwrap();
+    assert_eq!(decoded.format, equarx::io::Format::Module);
+    let mut dumps: Vec<String> = std::fs::read_dir(dir.join("dumps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    dumps.sort();
+    assert_eq!(dumps, ["00.quantized-all-reduce.before.txt", "01.quantized-all-reduce.after.txt"]);
+}
+
+#[test]
+fn help_teaches_with_examples() {
+    for args in [&["--help"][..], &["rewrite", "--help"]] {
+        let (out, _) = run(args);
+        assert!(out.contains("Examples:"), "{args:?}: {out}");
+        assert!(out.contains("equarx rewrite"), "{out}");
+    }
+    let (out, _) = run(&["rewrite", "--help"]);
+    for flag in ["--block-size", "--pipeline-depth", "--bidirectional", "--min-payload", "--types", "--report"] {
+        assert!(out.contains(flag), "rewrite --help lacks {flag}");
+    }
+}
