@@ -31,8 +31,14 @@ fn analyze_lists_the_tp_block_all_reduces_as_flattened_ids_over_8() {
     }
     let (json, _) = run(&["analyze", "--json", &fixture("tp_block_after_opt.pb")]);
     let list: Vec<Value> = serde_json::from_str(&json).unwrap();
-    assert!(list.iter().all(|c| c["group_size"] == 8 && c["mode"] == "flattened ids"));
-    assert!(list.iter().all(|c| c["payload_bytes"] == 2 * 16 * 256 * 4), "f32 payload after XLA:CPU promotion");
+    assert!(
+        list.iter()
+            .all(|c| c["group_size"] == 8 && c["mode"] == "flattened ids")
+    );
+    assert!(
+        list.iter().all(|c| c["payload_bytes"] == 2 * 16 * 256 * 4),
+        "f32 payload after XLA:CPU promotion"
+    );
 }
 
 #[test]
@@ -71,12 +77,21 @@ fn rewrite_reports_every_all_reduce_in_a_table_and_as_json() {
         assert_eq!(r["group_size"], 8);
         assert_eq!(r["mode"], "flattened ids");
         assert_eq!(r["encoding"], "mesh-axes");
-        let (before, after) = (r["wire_bytes_before"].as_u64().unwrap(), r["wire_bytes_after"].as_u64().unwrap());
+        let (before, after) = (
+            r["wire_bytes_before"].as_u64().unwrap(),
+            r["wire_bytes_after"].as_u64().unwrap(),
+        );
         assert!(before as f64 / after as f64 > 1.9, "{r}");
         assert!(r["predicted_rel_rms"].as_f64().unwrap() > 0.0);
     }
     // Skips carry their reason.
-    let (table, _) = run(&["rewrite", &fixture("psum_f32_p8.pb"), "-o", out.to_str().unwrap(), "--report"]);
+    let (table, _) = run(&[
+        "rewrite",
+        &fixture("psum_f32_p8.pb"),
+        "-o",
+        out.to_str().unwrap(),
+        "--report",
+    ]);
     assert!(table.contains("f32 is not enabled"), "{table}");
 }
 
@@ -84,14 +99,35 @@ fn rewrite_reports_every_all_reduce_in_a_table_and_as_json() {
 fn text_output_by_flag_or_extension() {
     let dir = scratch("cli_text");
     let by_ext = dir.join("m.txt");
-    run(&["rewrite", &fixture("psum_bf16_p8.pb"), "-o", by_ext.to_str().unwrap(), "--min-payload", "0"]);
+    run(&[
+        "rewrite",
+        &fixture("psum_bf16_p8.pb"),
+        "-o",
+        by_ext.to_str().unwrap(),
+        "--min-payload",
+        "0",
+    ]);
     let text = std::fs::read_to_string(&by_ext).unwrap();
     assert!(text.starts_with("HloModule "), "{text}");
     assert!(text.contains("collective-permute("), "{text}");
-    let (stdout, _) = run(&["rewrite", &fixture("psum_bf16_p8.pb"), "-o", "-", "--format", "text", "--min-payload", "0"]);
+    let (stdout, _) = run(&[
+        "rewrite",
+        &fixture("psum_bf16_p8.pb"),
+        "-o",
+        "-",
+        "--format",
+        "text",
+        "--min-payload",
+        "0",
+    ]);
     assert_eq!(stdout, text);
     let gz = dir.join("m.pb.gz");
-    run(&["rewrite", &fixture("psum_bf16_p8.pb"), "-o", gz.to_str().unwrap()]);
+    run(&[
+        "rewrite",
+        &fixture("psum_bf16_p8.pb"),
+        "-o",
+        gz.to_str().unwrap(),
+    ]);
     let bytes = std::fs::read(&gz).unwrap();
     assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip");
     let (printed, _) = run(&["print", gz.to_str().unwrap()]);
@@ -103,7 +139,15 @@ fn stdin_in_and_dumps_on_request() {
     let dir = scratch("cli_stdin");
     let input = std::fs::read(fixtures_dir().join("psum_bf16_p8.pb")).unwrap();
     let mut child = equarx()
-        .args(["rewrite", "-", "-o", "-", "--min-payload", "0", "--dump-dir"])
+        .args([
+            "rewrite",
+            "-",
+            "-o",
+            "-",
+            "--min-payload",
+            "0",
+            "--dump-dir",
+        ])
         .arg(dir.join("dumps"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -120,7 +164,13 @@ fn stdin_in_and_dumps_on_request() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     dumps.sort();
-    assert_eq!(dumps, ["00.quantized-all-reduce.before.txt", "01.quantized-all-reduce.after.txt"]);
+    assert_eq!(
+        dumps,
+        [
+            "00.quantized-all-reduce.before.txt",
+            "01.quantized-all-reduce.after.txt"
+        ]
+    );
 }
 
 #[test]
@@ -131,7 +181,14 @@ fn help_teaches_with_examples() {
         assert!(out.contains("equarx rewrite"), "{out}");
     }
     let (out, _) = run(&["rewrite", "--help"]);
-    for flag in ["--block-size", "--pipeline-depth", "--bidirectional", "--min-payload", "--types", "--report"] {
+    for flag in [
+        "--block-size",
+        "--pipeline-depth",
+        "--bidirectional",
+        "--min-payload",
+        "--types",
+        "--report",
+    ] {
         assert!(out.contains(flag), "rewrite --help lacks {flag}");
     }
 }

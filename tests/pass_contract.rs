@@ -200,30 +200,11 @@ fn a_scheduled_module_keeps_a_valid_schedule() {
 
 /// `psum_bf16_p8` with its [8,128] payload grown to `dims`.
 fn psum_of(dims: &[i64]) -> (HloModuleProto, DeviceCounts) {
-    fn grow(s: &mut ShapeProto, dims: &[i64]) {
-        if s.dimensions == [8, 128] {
-            s.dimensions = dims.to_vec();
-            s.is_dynamic_dimension = vec![false; dims.len()];
-            s.layout = Some(Box::new(shape::default_layout(dims.len())));
-        }
-        s.tuple_shapes.iter_mut().for_each(|t| grow(t, dims));
-    }
     let loaded = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
-    let mut m = loaded.module;
-    for c in &mut m.computations {
-        for i in &mut c.instructions {
-            grow(i.shape.as_mut().unwrap(), dims);
-        }
-        if let Some(ps) = &mut c.program_shape {
-            ps.parameters.iter_mut().for_each(|p| grow(p, dims));
-            ps.result.iter_mut().for_each(|r| grow(r, dims));
-        }
-    }
-    if let Some(ps) = &mut m.host_program_shape {
-        ps.parameters.iter_mut().for_each(|p| grow(p, dims));
-        ps.result.iter_mut().for_each(|r| grow(r, dims));
-    }
-    (m, loaded.counts)
+    (
+        common::modules::resized(loaded.module, &[8, 128], dims),
+        loaded.counts,
+    )
 }
 
 #[test]

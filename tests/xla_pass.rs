@@ -15,16 +15,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Rng, fixture, read_values, run_xla, scratch};
+use common::modules::{all_reduces, iota, list, load, make_async, opts, with_counts};
+use common::{Rng, read_values, run_xla, scratch};
 use equarx::ir::shape;
 use equarx::numerics::error::{measured_crest_sq, output_rounding_rel_rms, ring_rel_rms};
-use equarx::proto::hlo_instruction_proto::ReplicaGroupList;
-use equarx::proto::{
-    CollectiveDeviceListProto, DeviceAssignmentProto, HloInstructionProto, HloModuleProto,
-    IotaReplicaGroupListProto, OpSharding, ReplicaGroup,
-    device_assignment_proto::ComputationDevice,
-};
-use equarx::{DeviceCounts, GatherForm, Options, RewriteOptions, ScaleType};
+use equarx::proto::{HloInstructionProto, HloModuleProto, OpSharding};
+use equarx::{DeviceCounts, GatherForm, RewriteOptions, ScaleType};
 use prost::Message;
 use serde_json::{Value, json};
 
@@ -61,95 +57,6 @@ const P8: &[usize] = &[0, 1, 2, 3, 4, 5, 6, 7];
 const FUSED_DISABLE: &str = "reshape-mover,algsimp";
 /// κ² of blocks of 128 products of two standard Gaussians.
 const PRODUCT_CREST_SQ: f64 = 20.5;
-
-fn load(name: &str) -> HloModuleProto {
-    equarx::io::decode(&fixture(name), None)
-        .expect("fixture decodes")
-        .module
-}
-
-fn opts(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
-    let mut o = Options {
-        min_payload_bytes: 0,
-        pipeline_depth: 1,
-        ..Options::default()
-    };
-    edit(&mut o);
-    RewriteOptions {
-        pass: o,
-        ..RewriteOptions::default()
-    }
-}
-
-fn all_reduces(m: &mut HloModuleProto) -> impl Iterator<Item = &mut HloInstructionProto> {
-    m.computations
-        .iter_mut()
-        .flat_map(|c| c.instructions.iter_mut())
-        .filter(|i| i.opcode == "all-reduce")
-}
-
-fn list(groups: &[&[i64]]) -> Option<ReplicaGroupList> {
-    Some(ReplicaGroupList::CollectiveDeviceList(
-        CollectiveDeviceListProto {
-            replica_groups: groups
-                .iter()
-                .map(|g| ReplicaGroup {
-                    replica_ids: g.to_vec(),
-                })
-                .collect(),
-            iota_replica_group_list: None,
-        },
-    ))
-}
-
-fn with_counts(m: &mut HloModuleProto, replicas: usize, partitions: usize) {
-    m.device_assignment = Some(DeviceAssignmentProto {
-        replica_count: replicas as i32,
-        computation_count: partitions as i32,
-        computation_devices: (0..partitions)
-            .map(|p| ComputationDevice {
-                replica_device_ids: (0..replicas).map(|r| (r * partitions + p) as i64).collect(),
-            })
-            .collect(),
-    });
-}
-
-/// Turns every all-reduce into an `all-reduce-start` / `all-reduce-done` pair.
-fn make_async(m: &mut HloModuleProto) {
-    for c in &mut m.computations {
-        let Some(pos) = c.instructions.iter().position(|i| i.opcode == "all-reduce") else {
-            continue;
-        };
-        let start_id = c.instructions[pos].id;
-        c.instructions[pos].opcode = "all-reduce-start".into();
-        let max_local = c
-            .instructions
-            .iter()
-            .map(|i| i.id & 0xffff_ffff)
-            .max()
-            .unwrap();
-        let done = HloInstructionProto {
-            name: format!("{}.done", c.instructions[pos].name),
-            opcode: "all-reduce-done".into(),
-            shape: c.instructions[pos].shape.clone(),
-            id: (c.id << 32) | (max_local + 1),
-            operand_ids: vec![start_id],
-            ..Default::default()
-        };
-        let done_id = done.id;
-        for i in &mut c.instructions {
-            for op in &mut i.operand_ids {
-                if *op == start_id {
-                    *op = done_id;
-                }
-            }
-        }
-        if c.root_id == start_id {
-            c.root_id = done_id;
-        }
-        c.instructions.insert(pos + 1, done);
-    }
-}
 
 fn groups_of(g: &[&[usize]]) -> Vec<Vec<usize>> {
     g.iter().map(|x| x.to_vec()).collect()
@@ -266,14 +173,7 @@ fn cases() -> Vec<Case> {
     ] {
         let mut m = p8();
         for ar in all_reduces(&mut m) {
-            ar.replica_group_list = Some(ReplicaGroupList::IotaCollectiveDeviceList(
-                IotaReplicaGroupListProto {
-                    num_replica_groups: 2,
-                    num_devices_per_group: 4,
-                    iota_reshape_dims: dims.clone(),
-                    iota_transpose_perm: perm.clone(),
-                },
-            ));
+            ar.replica_group_list = iota(2, 4, &dims, &perm);
         }
         let g: Vec<&[usize]> = groups.iter().map(Vec::as_slice).collect();
         v.push(psum(name, m, opts(|_| {}), &g));

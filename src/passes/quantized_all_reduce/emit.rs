@@ -110,7 +110,11 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
     let mut out = Vec::new();
     for (x, result) in inputs.operands.iter().zip(inputs.results) {
         let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
-        let part = e.b.slice(&whole, &[offset], &[offset + n]);
+        let part = if n == padded {
+            whole.clone()
+        } else {
+            e.b.slice(&whole, &[offset], &[offset + n])
+        };
         offset += n;
         let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
         out.push(if ty == PrimitiveType::F32 {
