@@ -19,6 +19,8 @@ use common::modules::{all_reduces, iota, list, load, make_async, opts, with_coun
 use common::{Rng, read_values, run_xla, scratch};
 use equarx::ir::shape;
 use equarx::numerics::error::{measured_crest_sq, output_rounding_rel_rms, ring_rel_rms};
+use equarx::numerics::simulate;
+use equarx::passes::quantized_all_reduce::plan::RingPlan;
 use equarx::proto::{HloInstructionProto, HloModuleProto, OpSharding};
 use equarx::{DeviceCounts, GatherForm, RewriteOptions, ScaleType};
 use prost::Message;
@@ -615,6 +617,8 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
 
     let mut table: Vec<Measured> = Vec::new();
     let mut failures = Vec::new();
+    // (case, data, [matches with FMA, matches without])
+    let mut sim_matches: Vec<(String, Data, [bool; 2])> = Vec::new();
     for (ci, data, rj, bj, values, idir) in &plan {
         let case = &cases[*ci];
         let devices = case.replicas * case.partitions;
@@ -656,6 +660,28 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
                         if *data == Data::Poisoned {
                             check_poison(&case.name, k, group, out, block, &mut failures);
                             continue;
+                        }
+                        // The simulator must reproduce XLA bit for bit
+                        // (single-operand all-reduces: one payload each).
+                        if values[0].len() == 1 {
+                            let inputs: Vec<Vec<f32>> =
+                                group.iter().map(|&d| values[d][k].clone()).collect();
+                            let plan =
+                                RingPlan::new(group.len(), inputs[0].len(), &case.options.pass)
+                                    .unwrap();
+                            let bf16_out = results[*rj]["outputs"][k]["dtype"] == "bf16";
+                            let matches = [true, false].map(|fma| {
+                                let sim = simulate::quantized_ring(&inputs, &plan, fma);
+                                let sim = if bf16_out {
+                                    simulate::to_bf16(&sim)
+                                } else {
+                                    sim
+                                };
+                                sim.iter()
+                                    .zip(out.iter())
+                                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                            });
+                            sim_matches.push((case.name.clone(), *data, matches));
                         }
                         let measured = rel_rms(out, &exact);
                         // κ² from the data: the largest of the inputs' and the sum's.
@@ -757,6 +783,33 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
     }
     std::fs::write(dir.join("summary.txt"), &summary).unwrap();
     eprintln!("{summary}");
+    // The emitted scales make every code·scale product exact, so the
+    // simulator matches XLA bit for bit whether or not XLA fuses a hop's
+    // multiply and add (XLA:CPU does for some hops and not others).
+    let mismatched: Vec<String> = sim_matches
+        .iter()
+        .filter(|m| m.2 != [true, true])
+        .map(|m| {
+            format!(
+                "{} {:?} (with FMA {}, without {})",
+                m.0, m.1, m.2[0], m.2[1]
+            )
+        })
+        .collect();
+    eprintln!(
+        "simulator bit-exact with XLA on {} runs",
+        sim_matches.len() - mismatched.len()
+    );
+    assert!(
+        sim_matches.len() >= 20,
+        "too few simulator comparisons: {}",
+        sim_matches.len()
+    );
+    assert!(
+        mismatched.is_empty(),
+        "simulator differs from XLA in: {}",
+        mismatched.join(", ")
+    );
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",

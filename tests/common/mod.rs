@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod modules;
+pub mod normalize;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -13,7 +13,7 @@ use super::{GatherForm, ScaleType};
 use crate::ir::CompId;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::shape;
-use crate::numerics::{INV_QMAX, QMAX};
+use crate::numerics::{INV_QMAX, QMAX, SCALE_MASK};
 use crate::proto::{PrimitiveType, ShapeProto};
 
 /// What the emitted subgraph needs besides the plan.
@@ -239,13 +239,26 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let absmax = self.b.reduce(&magnitude, &zero, &[1], self.inputs.max_f32);
         let inv = self.scalar("inv_qmax", |b| b.f32_scalar(INV_QMAX));
         let inv = self.b.broadcast(&inv, &[nb], &[]);
-        let mut scale = self.b.multiply(&absmax, &inv);
-        let mut scale_wire = scale.clone();
-        if self.plan().scale_type == ScaleType::Bf16 {
-            // Divide by the scale that travels, so codes and scale agree.
-            scale_wire = self.b.convert(&scale, PrimitiveType::Bf16);
-            scale = self.b.convert(&scale_wire, PrimitiveType::F32);
-        }
+        let raw = self.b.multiply(&absmax, &inv);
+        // A scale with at most 17 significant bits makes every code·scale
+        // product exact, so a hop's dequantize-and-add gives the same bits
+        // whether or not the backend fuses it into one multiply-add.
+        let (scale, scale_wire) = match self.plan().scale_type {
+            ScaleType::F32 => {
+                let bits = self.b.bitcast_convert(&raw, PrimitiveType::S32);
+                let mask = self.scalar("scale_mask", |b| b.s32_scalar(SCALE_MASK as i32));
+                let mask = self.b.broadcast(&mask, &[nb], &[]);
+                let bits = self.b.binary("and", &bits, &mask);
+                let scale = self.b.bitcast_convert(&bits, PrimitiveType::F32);
+                (scale.clone(), scale)
+            }
+            ScaleType::Bf16 => {
+                // bf16 has 8 significant bits; codes are computed against
+                // the scale that travels, so codes and scale agree.
+                let wire = self.b.convert(&raw, PrimitiveType::Bf16);
+                (self.b.convert(&wire, PrimitiveType::F32), wire)
+            }
+        };
         let scale_b = self.b.broadcast(&scale, &[nb, bl], &[0]);
         let ratio = self.b.divide(&blocks, &scale_b);
         // An all-zero block: 0/0 → code 0.

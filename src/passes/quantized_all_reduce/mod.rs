@@ -52,27 +52,9 @@ use crate::io::DeviceCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::groups::{GroupMode, ReplicaGroups};
 use crate::ir::{CompId, InstrId, Module, shape};
+pub use crate::numerics::ScaleType;
 use crate::numerics::error::predicted_rel_rms;
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
-
-/// How the scales travel.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum ScaleType {
-    F32,
-    Bf16,
-}
-
-impl ScaleType {
-    pub fn bytes(self) -> usize {
-        match self {
-            ScaleType::F32 => 4,
-            ScaleType::Bf16 => 2,
-        }
-    }
-}
 
 /// How the reduced chunks reach every rank.
 #[derive(
@@ -332,7 +314,7 @@ fn plan_for(c: &Candidate, options: &Options) -> Result<RingPlan, SkipReason> {
         .filter(|o| o.2)
         .map(|o| shape::element_count(&o.1).unwrap_or(u64::MAX) as usize)
         .fold(0usize, usize::saturating_add);
-    let plan = RingPlan::new(&c.participants, elements, options)?;
+    let plan = RingPlan::new(c.participants.group_size(), elements, options)?;
     let before = ring_wire_bytes(plan.group_size, c.payload_bytes);
     if plan.wire_bytes() >= before && !c.forced {
         return Err(SkipReason::NoGain {

@@ -14,7 +14,7 @@
 //! One message per hop: the lane's s8 codes followed by its scales,
 //! bit-cast to s8 (`len + (len/B)·scale_bytes` bytes).
 
-use super::{Options, ScaleType, SkipReason, groups::Participants};
+use super::{Options, ScaleType, SkipReason};
 
 /// One independent chain of the ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,12 +42,8 @@ pub struct RingPlan {
 }
 
 impl RingPlan {
-    pub fn new(
-        participants: &Participants,
-        elements: usize,
-        options: &Options,
-    ) -> Result<Self, SkipReason> {
-        let p = participants.group_size();
+    /// The plan for `elements` payload elements over groups of `p` ranks.
+    pub fn new(p: usize, elements: usize, options: &Options) -> Result<Self, SkipReason> {
         let b = options.block_size;
         let per_rank_blocks = elements
             .div_ceil(p.checked_mul(b).ok_or(SkipReason::TooLarge)?)
@@ -115,18 +111,6 @@ pub fn ring_wire_bytes(group_size: usize, payload_bytes: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::groups::{GroupEncoding, GroupMode};
-    use crate::passes::quantized_all_reduce::groups::IdSpace;
-
-    fn group(p: usize) -> Participants {
-        Participants {
-            mode: GroupMode::FlattenedId,
-            encoding: GroupEncoding::List,
-            space: IdSpace::Partition,
-            groups: vec![(0..p as i64).collect()],
-            id_count: p,
-        }
-    }
 
     #[test]
     fn chunks_hold_whole_blocks_and_lanes_split_them_evenly() {
@@ -137,7 +121,7 @@ mod tests {
             ..Options::default()
         };
         // 10 000 elements over 8 ranks: 1250 each → 10 blocks of 128.
-        let plan = RingPlan::new(&group(8), 10_000, &o).unwrap();
+        let plan = RingPlan::new(8, 10_000, &o).unwrap();
         assert_eq!(plan.chunk, 1280);
         assert_eq!(plan.padded(), 10_240);
         let lens: Vec<usize> = plan.lanes.iter().map(|l| l.len).collect();
@@ -154,7 +138,7 @@ mod tests {
             pipeline_depth: 64,
             ..Options::default()
         };
-        let plan = RingPlan::new(&group(8), 2048, &o).unwrap();
+        let plan = RingPlan::new(8, 2048, &o).unwrap();
         assert_eq!(plan.lanes.len(), 2);
         assert_eq!(plan.padded(), 2048);
     }
@@ -169,7 +153,7 @@ mod tests {
                     bidirectional,
                     ..Options::default()
                 };
-                let plan = RingPlan::new(&group(8), n, &o).unwrap();
+                let plan = RingPlan::new(8, n, &o).unwrap();
                 let ratio = ring_wire_bytes(8, 2 * n as u64) as f64 / plan.wire_bytes() as f64;
                 assert!((1.93..=1.94).contains(&ratio), "n={n} D={depth}: {ratio}");
             }
