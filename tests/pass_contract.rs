@@ -211,10 +211,18 @@ fn psum_of(dims: &[i64]) -> (HloModuleProto, DeviceCounts) {
 fn wire_bytes_of_a_mib_or_more_nearly_halve() {
     for dims in [&[512i64, 1024][..], &[1000, 1000], &[4096, 1024]] {
         let (m, counts) = psum_of(dims);
-        for (depth, bidirectional) in [(1, false), (2, false), (4, true)] {
+        // B = 128 with f32 scales (the configuration) and the
+        // defaults, B = 64 with bf16 scales: the same bytes per element.
+        let scales = [(128, equarx::ScaleType::F32), (64, equarx::ScaleType::Bf16)];
+        for ((depth, bidirectional), (block_size, scale_type)) in
+            [(1, false), (2, false), (4, true)]
+                .into_iter()
+                .flat_map(|l| scales.map(|s| (l, s)))
+        {
             let o = RewriteOptions {
                 pass: Options {
-                    block_size: 128,
+                    block_size,
+                    scale_type,
                     pipeline_depth: depth,
                     bidirectional,
                     ..Options::default()

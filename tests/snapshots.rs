@@ -103,11 +103,7 @@ fn positives() -> Vec<Case> {
             p8(),
             opts(|o| o.gather = GatherForm::Permute),
         ),
-        case(
-            "bf16_scales",
-            p8(),
-            opts(|o| o.scale_type = ScaleType::Bf16),
-        ),
+        case("f32_scales", p8(), opts(|o| o.scale_type = ScaleType::F32)),
     ]
 }
 

@@ -113,9 +113,9 @@ fn cases() -> Vec<Case> {
             &[P8],
         ),
         psum(
-            "p8_bf16_scales",
+            "p8_f32_scales",
             p8(),
-            opts(|o| o.scale_type = ScaleType::Bf16),
+            opts(|o| o.scale_type = ScaleType::F32),
             &[P8],
         ),
         psum(

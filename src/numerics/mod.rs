@@ -15,8 +15,11 @@
 //!   hop's `code·scale + partial` is one rounding whether or not a backend
 //!   fuses it into a multiply-add. The scale shrinks by at most 2⁻¹⁷ of
 //!   itself, which only lets `|v/scale|` reach 127.002 before the clamp.
-//! - **Codes.** `q = clamp(round_nearest_even(v / scale), -127, 127)` as s8.
-//!   An all-zero block has `scale = 0` and `q = 0` (the 0/0 is selected away).
+//! - **Codes.** `q = clamp(round_nearest_even(v · r), -127, 127)` as s8,
+//!   with one reciprocal `r = fl(1/scale)` per block (XLA turns a division
+//!   by a broadcast scalar into exactly that, and only sometimes, so the
+//!   emitted HLO spells it out). An all-zero block has `scale = 0`, `r = 0`
+//!   and `q = 0`.
 //! - **Dequantize.** `q · scale` in f32. Sums are accumulated in f32, never in
 //!   the narrow type.
 //! - **Non-finite input.** A NaN or Inf makes its block's absmax, hence its
@@ -81,14 +84,14 @@ pub fn block_scale(v: &[f32], scale_type: ScaleType) -> f32 {
 /// Quantizes one block: codes and the block's scale.
 pub fn quantize_block(v: &[f32], scale_type: ScaleType) -> (Vec<i8>, f32) {
     let scale = block_scale(v, scale_type);
-    let codes = v.iter().map(|&x| code(x, scale)).collect();
+    let recip = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+    let codes = v.iter().map(|&x| code(x, recip)).collect();
     (codes, scale)
 }
 
-/// One element's code under `scale`.
-pub fn code(x: f32, scale: f32) -> i8 {
-    let q = if scale == 0.0 { 0.0 } else { x / scale };
-    let q = q.round_ties_even().clamp(-QMAX, QMAX);
+/// One element's code, given the block's reciprocal scale `recip`.
+pub fn code(x: f32, recip: f32) -> i8 {
+    let q = (x * recip).round_ties_even().clamp(-QMAX, QMAX);
     // XLA converts NaN to 0 (the dequantized block is NaN through the scale).
     if q.is_nan() { 0 } else { q as i8 }
 }

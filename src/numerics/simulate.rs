@@ -230,6 +230,96 @@ pub fn to_bf16(v: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// One row of `equarx simulate`: the three algorithms on one configuration.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SweepRow {
+    pub distribution: Distribution,
+    pub group_size: usize,
+    pub block_size: usize,
+    pub pipeline_depth: usize,
+    pub bidirectional: bool,
+    /// equarx, measured (output rounded to bf16).
+    pub equarx: ErrorStats,
+    /// equarx, the error model with κ² measured on these inputs.
+    pub predicted_rel_rms: f64,
+    pub bf16_ring: ErrorStats,
+    pub per_tensor_int8: ErrorStats,
+    /// bf16-ring / equarx bytes on the wire.
+    pub wire_ratio: f64,
+}
+
+/// What to sweep.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    pub distributions: Vec<Distribution>,
+    pub group_sizes: Vec<usize>,
+    pub block_sizes: Vec<usize>,
+    pub depths: Vec<usize>,
+    pub bidirectional: Vec<bool>,
+    /// Elements per device (bf16 payload).
+    pub elements: usize,
+    /// Length of the innermost dimension (channels).
+    pub channels: usize,
+    pub scale_type: ScaleType,
+    pub seed: u64,
+}
+
+/// Runs every combination; inputs are bf16 (the all-reduce's type) and
+/// every result is rounded to bf16 as the all-reduce returns it.
+pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
+    use crate::numerics::error::{measured_crest_sq, output_rounding_rel_rms, ring_rel_rms};
+    let mut rows = Vec::new();
+    for &dist in &s.distributions {
+        for &p in &s.group_sizes {
+            let inputs = dist.generate(p, s.elements, s.channels, true, s.seed ^ p as u64);
+            let exact = exact_sum(&inputs);
+            let exact_f32: Vec<f32> = exact.iter().map(|&x| x as f32).collect();
+            let bf16_ring = error(&bf16_ring(&inputs), &exact);
+            let naive = error(&to_bf16(&per_tensor_int8(&inputs)), &exact);
+            for &b in &s.block_sizes {
+                let crest = inputs
+                    .iter()
+                    .map(|x| measured_crest_sq(x, b))
+                    .fold(measured_crest_sq(&exact_f32, b), f64::max);
+                let ring = ring_rel_rms(p, crest);
+                let out = output_rounding_rel_rms(7);
+                for &d in &s.depths {
+                    for &bi in &s.bidirectional {
+                        let options = crate::Options {
+                            block_size: b,
+                            pipeline_depth: d,
+                            bidirectional: bi,
+                            scale_type: s.scale_type,
+                            ..crate::Options::default()
+                        };
+                        options.validate()?;
+                        let plan =
+                            RingPlan::new(p, s.elements, &options).map_err(|e| e.to_string())?;
+                        let got = to_bf16(&quantized_ring(&inputs, &plan, true));
+                        let payload = 2 * s.elements as u64;
+                        rows.push(SweepRow {
+                            distribution: dist,
+                            group_size: p,
+                            block_size: b,
+                            pipeline_depth: d,
+                            bidirectional: bi,
+                            equarx: error(&got, &exact),
+                            predicted_rel_rms: (ring * ring + out * out).sqrt(),
+                            bf16_ring,
+                            per_tensor_int8: naive,
+                            wire_ratio: crate::passes::quantized_all_reduce::plan::ring_wire_bytes(
+                                p, payload,
+                            ) as f64
+                                / plan.wire_bytes() as f64,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

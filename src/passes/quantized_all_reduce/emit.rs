@@ -259,12 +259,18 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 (self.b.convert(&wire, PrimitiveType::F32), wire)
             }
         };
-        let scale_b = self.b.broadcast(&scale, &[nb, bl], &[0]);
-        let ratio = self.b.divide(&blocks, &scale_b);
-        // An all-zero block: 0/0 → code 0.
-        let zeros = self.b.broadcast(&zero, &[nb, bl], &[]);
-        let is_zero = self.b.compare(&scale_b, &zeros, "EQ");
-        let ratio = self.b.select(&is_zero, &zeros, &ratio);
+        // One reciprocal per block, then multiplies: XLA rewrites a division
+        // by a broadcast scalar into exactly this, so spelling it out keeps
+        // every backend and block count on the same arithmetic. An all-zero
+        // block (scale 0) gets reciprocal 0, hence codes 0.
+        let one = self.scalar("f32_one", |b| b.f32_scalar(1.0));
+        let ones = self.b.broadcast(&one, &[nb], &[]);
+        let recip = self.b.divide(&ones, &scale);
+        let zeros = self.b.broadcast(&zero, &[nb], &[]);
+        let is_zero = self.b.compare(&scale, &zeros, "EQ");
+        let recip = self.b.select(&is_zero, &zeros, &recip);
+        let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
+        let ratio = self.b.multiply(&blocks, &recip);
         let rounded = self.b.unary("round-nearest-even", &ratio);
         let lo = self.scalar("neg_qmax", |b| b.f32_scalar(-QMAX));
         let hi = self.scalar("qmax", |b| b.f32_scalar(QMAX));

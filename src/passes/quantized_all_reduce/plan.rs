@@ -147,15 +147,22 @@ mod tests {
     fn a_mib_of_bf16_or_more_halves_the_wire_bytes_whatever_the_lanes() {
         for n in [512 * 1024, 1_000_000, 524_289, 3 * 1024 * 1024 + 17] {
             for (depth, bidirectional) in [(1, false), (4, true), (16, true)] {
-                let o = Options {
-                    block_size: 128,
-                    pipeline_depth: depth,
-                    bidirectional,
-                    ..Options::default()
-                };
-                let plan = RingPlan::new(8, n, &o).unwrap();
-                let ratio = ring_wire_bytes(8, 2 * n as u64) as f64 / plan.wire_bytes() as f64;
-                assert!((1.93..=1.94).contains(&ratio), "n={n} D={depth}: {ratio}");
+                // B = 128 with f32 scales, and the default B = 64 with bf16.
+                for (block_size, scale_type) in [(128, ScaleType::F32), (64, ScaleType::Bf16)] {
+                    let o = Options {
+                        block_size,
+                        scale_type,
+                        pipeline_depth: depth,
+                        bidirectional,
+                        ..Options::default()
+                    };
+                    let plan = RingPlan::new(8, n, &o).unwrap();
+                    let ratio = ring_wire_bytes(8, 2 * n as u64) as f64 / plan.wire_bytes() as f64;
+                    assert!(
+                        (1.93..=1.94).contains(&ratio),
+                        "n={n} D={depth} B={block_size}: {ratio}"
+                    );
+                }
             }
         }
     }
