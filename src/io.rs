@@ -88,8 +88,8 @@ pub struct Loaded {
 #[derive(Clone, Debug)]
 enum Container {
     Bare,
-    HloProto(HloProto),
-    WithConfig(HloModuleProtoWithConfig),
+    HloProto(Box<HloProto>),
+    WithConfig(Box<HloModuleProtoWithConfig>),
 }
 
 fn pool() -> &'static DescriptorPool {
@@ -155,7 +155,7 @@ pub fn decode(bytes: &[u8], format: Option<Format>) -> Result<Loaded, FormatErro
                 module,
                 format,
                 gzip,
-                container: Container::HloProto(wrapper),
+                container: Container::HloProto(Box::new(wrapper)),
             }
         }
         Format::WithConfig => {
@@ -177,7 +177,7 @@ pub fn decode(bytes: &[u8], format: Option<Format>) -> Result<Loaded, FormatErro
                 module,
                 format,
                 gzip,
-                container: Container::WithConfig(wrapper),
+                container: Container::WithConfig(Box::new(wrapper)),
             }
         }
     };
@@ -227,7 +227,7 @@ impl Loaded {
             Format::Module => module.encode_to_vec(),
             Format::HloProto => {
                 let mut w = match &self.container {
-                    Container::HloProto(w) => w.clone(),
+                    Container::HloProto(w) => (**w).clone(),
                     _ => HloProto::default(),
                 };
                 w.hlo_module = Some(module.clone());
@@ -235,7 +235,7 @@ impl Loaded {
             }
             Format::WithConfig => {
                 let mut w = match &self.container {
-                    Container::WithConfig(w) => w.clone(),
+                    Container::WithConfig(w) => (**w).clone(),
                     _ => HloModuleProtoWithConfig::default(),
                 };
                 w.hlo_module = Some(module.clone());

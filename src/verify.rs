@@ -219,7 +219,8 @@ fn check_layout(s: &crate::proto::ShapeProto) -> Result<(), String> {
                     .map(|d| seen[d] = true)
                     .is_some()
             });
-        if !valid && !(m2m.is_empty() && !shape::is_array(s)) {
+        // Non-array shapes may omit the layout entirely.
+        if !valid && (!m2m.is_empty() || shape::is_array(s)) {
             return Err(format!(
                 "layout {{{m2m:?}}} is not a permutation of {rank} dimensions of {}",
                 shape::describe(s)

@@ -34,7 +34,7 @@ enum Check {
     /// Compared with a reference module (the original, or an equivalent
     /// one XLA runs correctly) on the same inputs.
     Program {
-        reference: HloModuleProto,
+        reference: Box<HloModuleProto>,
         bound: f64,
     },
 }
@@ -236,7 +236,7 @@ fn cases() -> Vec<Case> {
             replicas: 1,
             partitions: 8,
             check: Check::Program {
-                reference: m,
+                reference: Box::new(m),
                 bound,
             },
             baseline: true,
@@ -295,7 +295,7 @@ fn cases() -> Vec<Case> {
         replicas: 1,
         partitions: 8,
         check: Check::Program {
-            reference,
+            reference: Box::new(reference),
             bound: chained(1.0, 4),
         },
         baseline: false,
@@ -582,7 +582,7 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
         std::fs::write(&rewritten, r.module.encode_to_vec()).unwrap();
         let reference = cdir.join("reference.pb");
         let reference_module = match &case.check {
-            Check::Program { reference, .. } => reference.clone(),
+            Check::Program { reference, .. } => (**reference).clone(),
             Check::Psum { .. } => case.module.clone(),
         };
         std::fs::write(&reference, reference_module.encode_to_vec()).unwrap();

@@ -44,7 +44,7 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
         .iter()
         .map(|x| {
             let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
-            let x = e.to_f32(x);
+            let x = e.as_f32(x);
             e.b.reshape(&x, &[n])
         })
         .collect();
@@ -153,7 +153,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         self.inputs.plan
     }
 
-    fn to_f32(&mut self, x: &Value) -> Value {
+    fn as_f32(&mut self, x: &Value) -> Value {
         if x.element_type() == PrimitiveType::F32 as i32 {
             x.clone()
         } else {
