@@ -1,13 +1,16 @@
-//! HLO text in XLA's syntax: the printer (and, with it, the parser).
+//! HLO text in XLA's syntax: the printer and the parser.
 //!
 //! The printer writes what XLA's own parser reads back: constants in full
 //! (XLA abbreviates large ones as `{...}`, which re-parses to garbage without
 //! an error), all three replica-group encodings, the stack-frame tables that
 //! metadata points into, and a scheduled module's instructions in schedule
-//! order.
+//! order. The parser (`parse.rs`, grammar in its header) reads what XLA's
+//! printer and ours write into the `HloModuleProto` XLA's parser would make.
 
+mod parse;
 mod print;
 
+pub use parse::MAX_DEPTH;
 pub use print::{PrintError, PrintOptions, print_module, print_module_with};
 
 use crate::io::DeviceCounts;
@@ -20,21 +23,20 @@ pub struct ParsedText {
     pub counts: DeviceCounts,
 }
 
+/// Why HLO text did not parse, and where.
 #[derive(Debug, thiserror::Error)]
 #[error("line {line}, column {column}: {message}")]
 pub struct ParseError {
+    /// 1-based.
     pub line: usize,
+    /// 1-based, in characters.
     pub column: usize,
     pub message: String,
 }
 
-/// Parses HLO text.
-pub fn parse(_text: &str) -> Result<ParsedText, ParseError> {
-    Err(ParseError {
-        line: 1,
-        column: 1,
-        message: "reading HLO text is not supported yet; convert it to a proto first \
-                  (jaxlib: hlo_module_from_text(text).as_serialized_hlo_module_proto())"
-            .into(),
-    })
+/// Parses HLO text in XLA's syntax into the module XLA's parser would make,
+/// with the replica/partition counts its header names. Malformed text gives
+/// a [`ParseError`], never a panic.
+pub fn parse(text: &str) -> Result<ParsedText, ParseError> {
+    parse::parse_module(text)
 }

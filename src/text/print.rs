@@ -206,9 +206,6 @@ impl<'a> Printer<'a> {
             out.push_str("ENTRY ");
         }
         let _ = write!(out, "%{} ({}) -> {}", c.name, params.join(", "), result);
-        if !c.execution_thread.is_empty() && c.execution_thread != "main" {
-            let _ = write!(out, ", execution_thread=\"{}\"", c.execution_thread);
-        }
         out.push_str(" {\n");
         for i in instrs {
             out.push_str("  ");
@@ -222,7 +219,12 @@ impl<'a> Printer<'a> {
                 })?;
             out.push('\n');
         }
-        out.push_str("}\n");
+        out.push('}');
+        // XLA's parser reads the thread after the body.
+        if !c.execution_thread.is_empty() && c.execution_thread != "main" {
+            let _ = write!(out, ", execution_thread={}", quoted(&c.execution_thread));
+        }
+        out.push('\n');
         Ok(())
     }
 
@@ -272,6 +274,9 @@ impl<'a> Printer<'a> {
         out.push(')');
         let mut attrs = self.op_attributes(i)?;
         attrs.extend(self.called_computations(i));
+        if i.opcode == "call" && i.is_composite {
+            attrs.push("is_composite=true".into());
+        }
         if let Some(s) = &i.sharding {
             attrs.push(format!("sharding={}", sharding(s)?));
         }
@@ -285,6 +290,23 @@ impl<'a> Printer<'a> {
                 .map(|&p| format!("%{}", self.name(p)))
                 .collect();
             attrs.push(format!("control-predecessors={{{}}}", preds.join(", ")));
+        }
+        if let Some(s) = i
+            .statistics_viz
+            .as_ref()
+            .filter(|s| s.stat_index_to_visualize != 0 || !s.statistics.is_empty())
+        {
+            let mut parts = vec![format!("visualizing_index={}", s.stat_index_to_visualize)];
+            parts.extend(
+                s.statistics
+                    .iter()
+                    .map(|st| format!("{}={}", st.stat_name, float_text(st.stat_val))),
+            );
+            attrs.push(format!("statistics={{{}}}", parts.join(",")));
+        }
+        attrs.extend(i.result_accuracy.as_ref().and_then(result_accuracy));
+        if let (Some(v), Some(s)) = (&i.original_value, &i.shape) {
+            attrs.push(format!("origin={}", original_value(v, s)));
         }
         if let Some(m) = &i.metadata {
             let md = metadata(m);
@@ -311,6 +333,23 @@ impl<'a> Printer<'a> {
         let op = i.opcode.as_str();
         let dims = || format!("dimensions={}", int_list(&i.dimensions));
         match op {
+            "reshape" => {
+                if let Some(d) = i.dimensions.first() {
+                    a.push(format!("inferred_dimension={d}"));
+                }
+            }
+            "rng-get-and-update-state" => a.push(format!("delta={}", i.delta)),
+            "domain" => {
+                // XLA's proto keeps the text's `exit=` as the entry sharding
+                // (operand side) and `entry=` as the exit sharding.
+                if let (Some(entry), Some(exit)) = (&i.domain_exit_sharding, &i.domain_entry_sharding) {
+                    a.push(format!(
+                        "domain={{kind=\"sharding\", entry={}, exit={}}}",
+                        sharding(entry)?,
+                        sharding(exit)?
+                    ));
+                }
+            }
             "parameter" => {
                 if let Some(r) = &i.parameter_replication {
                     let v: Vec<&str> = r
@@ -376,7 +415,10 @@ impl<'a> Printer<'a> {
                     }
                 }
             }
-            "fusion" => a.push(format!("kind={}", i.fusion_kind)),
+            "fusion" => {
+                a.push(format!("kind={}", i.fusion_kind));
+                a.extend(output_to_operand_aliasing(i));
+            }
             "dot" => {
                 let d = i.dot_dimension_numbers.as_ref().ok_or("dot without dimension numbers")?;
                 for (name, v) in [
@@ -473,16 +515,13 @@ impl<'a> Printer<'a> {
                     _ => "rng_default",
                 }
             )),
+            // XLA's parser takes a missing `largest` as true.
             "topk" => {
                 a.push(format!("k={}", i.k));
-                if i.largest {
-                    a.push("largest=true".into());
-                }
+                a.push(format!("largest={}", i.largest));
             }
-            "cholesky" => {
-                if i.cholesky_options.as_ref().is_some_and(|o| o.lower) {
-                    a.push("lower=true".into());
-                }
+            "cholesky" if i.cholesky_options.as_ref().is_some_and(|o| o.lower) => {
+                a.push("lower=true".into());
             }
             "triangular-solve" => {
                 if let Some(o) = &i.triangular_solve_options {
@@ -516,10 +555,8 @@ impl<'a> Printer<'a> {
                     a.push("is_host_transfer=true".into());
                 }
             }
-            "infeed" => {
-                if !i.infeed_config.is_empty() {
-                    a.push(format!("infeed_config={}", quoted_bytes(&i.infeed_config)));
-                }
+            "infeed" if !i.infeed_config.is_empty() => {
+                a.push(format!("infeed_config={}", quoted_bytes(&i.infeed_config)));
             }
             "outfeed" => {
                 if let Some(s) = &i.outfeed_shape {
@@ -530,6 +567,11 @@ impl<'a> Printer<'a> {
                 }
             }
             "custom-call" => {
+                if let Ok(t) = crate::proto::PaddingType::try_from(i.padding_type) {
+                    if i.padding_type != 0 {
+                        a.push(format!("padding_type={}", t.as_str_name()));
+                    }
+                }
                 a.push(format!("custom_call_target={}", quoted(&i.custom_call_target)));
                 if let Some(w) = &i.window {
                     a.push(format!("window={{{}}}", window(w)));
@@ -551,23 +593,9 @@ impl<'a> Printer<'a> {
                     a.push("custom_call_has_side_effect=true".into());
                 }
                 if let Some(l) = &i.literal {
-                    a.push(format!("literal=({})", literal(l)?));
+                    a.push(format!("literal={}", shaped_literal(l)?));
                 }
-                if !i.output_operand_aliasing.is_empty() {
-                    let parts: Vec<String> = i
-                        .output_operand_aliasing
-                        .iter()
-                        .map(|o| {
-                            format!(
-                                "{}: ({}, {})",
-                                index_list(&o.output_shape_index),
-                                o.operand_index,
-                                index_list(&o.operand_shape_index)
-                            )
-                        })
-                        .collect();
-                    a.push(format!("output_to_operand_aliasing={{{}}}", parts.join(", ")));
-                }
+                a.extend(output_to_operand_aliasing(i));
                 match i.custom_call_schedule {
                     1 => a.push("schedule=SCHEDULE_LATEST".into()),
                     2 => a.push("schedule=SCHEDULE_EARLIEST".into()),
@@ -625,6 +653,7 @@ impl<'a> Printer<'a> {
                 if !i.async_execution_thread.is_empty() && i.async_execution_thread != "main" {
                     a.push(format!("async_execution_thread={}", quoted(&i.async_execution_thread)));
                 }
+                a.extend(output_to_operand_aliasing(i));
             }
             "copy-start" => {
                 if let Some(crate::proto::hlo_instruction_proto::OptionalCrossProgramPrefetchIndex::CrossProgramPrefetchIndex(n)) =
@@ -644,9 +673,10 @@ impl<'a> Printer<'a> {
             return vec![];
         }
         match i.opcode.as_str() {
+            // XLA stores a while's computations as [body, condition].
             "while" if called.len() == 2 => vec![
-                format!("condition={}", self.comp(called[0])),
-                format!("body={}", self.comp(called[1])),
+                format!("condition={}", self.comp(called[1])),
+                format!("body={}", self.comp(called[0])),
             ],
             "select-and-scatter" if called.len() == 2 => vec![
                 format!("select={}", self.comp(called[0])),
@@ -748,6 +778,102 @@ fn default_comparison_type(element_type: i32) -> &'static str {
     }
 }
 
+/// `result_accuracy={mode=highest}` or `{tolerance={atol=..,rtol=..,ulps=..}}`;
+/// nothing for the default mode.
+fn result_accuracy(r: &crate::proto::ResultAccuracy) -> Option<String> {
+    use crate::proto::result_accuracy::{Mode, Specs};
+    match r.specs.as_ref()? {
+        Specs::Mode(0) => None,
+        Specs::Mode(m) => Some(format!(
+            "result_accuracy={{mode={}}}",
+            Mode::try_from(*m)
+                .map_or("default", |m| m.as_str_name())
+                .to_ascii_lowercase()
+        )),
+        Specs::Tolerance(t) => Some(format!(
+            "result_accuracy={{tolerance={{atol={},rtol={},ulps={}}}}}",
+            float_text(t.atol),
+            float_text(t.rtol),
+            t.ulps
+        )),
+    }
+}
+
+/// `origin={{"name" {1}}}`, tuples as `{({"a"}, {"b" {0}})}`, following the
+/// instruction's shape.
+fn original_value(v: &crate::proto::OriginalValueProto, s: &ShapeProto) -> String {
+    if v.is_synthetic_call {
+        return "{[synthetic_call]}".into();
+    }
+    fn tree(
+        v: &crate::proto::OriginalValueProto,
+        s: &ShapeProto,
+        index: &mut Vec<i64>,
+        out: &mut String,
+    ) {
+        if shape::is_tuple(s) {
+            out.push('(');
+            for (k, e) in s.tuple_shapes.iter().enumerate() {
+                if k > 0 {
+                    out.push_str(", ");
+                }
+                index.push(k as i64);
+                tree(v, e, index, out);
+                index.pop();
+            }
+            out.push(')');
+            return;
+        }
+        let array = v
+            .elements
+            .iter()
+            .find(|e| e.shape_index == *index)
+            .and_then(|e| e.original_array.as_ref());
+        match array {
+            Some(a) if a.shape_index.is_empty() => {
+                let _ = write!(out, "{{{}}}", quoted(&a.instruction_name));
+            }
+            Some(a) => {
+                let _ = write!(
+                    out,
+                    "{{{} {}}}",
+                    quoted(&a.instruction_name),
+                    index_list(&a.shape_index)
+                );
+            }
+            None => out.push_str("{}"),
+        }
+    }
+    let mut out = String::from("{");
+    tree(v, s, &mut Vec::new(), &mut out);
+    out.push('}');
+    out
+}
+
+/// `output_to_operand_aliasing={{0}: (1, {})}` (fusion, custom-call,
+/// async-start).
+fn output_to_operand_aliasing(i: &HloInstructionProto) -> Option<String> {
+    if i.output_operand_aliasing.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = i
+        .output_operand_aliasing
+        .iter()
+        .map(|o| {
+            format!(
+                "{}: ({}, {})",
+                index_list(&o.output_shape_index),
+                o.operand_index,
+                index_list(&o.operand_shape_index)
+            )
+        })
+        .collect();
+    Some(format!(
+        "output_to_operand_aliasing={{{}}}",
+        parts.join(", ")
+    ))
+}
+
 fn precision(i: &HloInstructionProto) -> Vec<String> {
     let mut a = Vec::new();
     if let Some(p) = &i.precision_config {
@@ -765,9 +891,13 @@ fn precision(i: &HloInstructionProto) -> Vec<String> {
         }
         if p.algorithm != 0 {
             if let Ok(alg) = crate::proto::precision_config::Algorithm::try_from(p.algorithm) {
+                // XLA spells ALG_DOT_BF16_BF16_F32 as dot_bf16_bf16_f32.
+                let name = alg.as_str_name();
                 a.push(format!(
                     "algorithm={}",
-                    alg.as_str_name().to_ascii_lowercase()
+                    name.strip_prefix("ALG_")
+                        .unwrap_or(name)
+                        .to_ascii_lowercase()
                 ));
             }
         }
@@ -924,7 +1054,13 @@ fn mesh_axes_groups(m: &crate::proto::MeshAxesReplicaGroupListProto) -> Result<S
         .map(|a| format!("'{}'={}", a.name, a.size))
         .collect();
     let mut s = format!("mesh[{}]", axes.join(","));
-    if !mesh.device_ids.is_empty() {
+    if let Some(iota) = &mesh.iota_transform {
+        let _ = write!(s, ", device_ids=([{}]", join(&iota.reshape_dims, ","));
+        if iota.reshape_dims.len() > 1 {
+            let _ = write!(s, "T({})", join(&iota.transpose_perm, ","));
+        }
+        s.push(')');
+    } else if !mesh.device_ids.is_empty() {
         let _ = write!(s, ", device_ids=({})", join(&mesh.device_ids, ","));
     }
     let refs: Vec<String> = m
@@ -1005,6 +1141,16 @@ fn sharding(s: &OpSharding) -> Result<String, String> {
             "shard_like"
         };
         let _ = write!(body, " {kind} {}", s.shard_group_id);
+    }
+    match s.metadata.as_slice() {
+        [] => {}
+        [m] => {
+            let _ = write!(body, " metadata={{{}}}", metadata(m));
+        }
+        ms => {
+            let parts: Vec<String> = ms.iter().map(|m| format!("{{{}}}", metadata(m))).collect();
+            let _ = write!(body, " metadata={{{}}}", parts.join(", "));
+        }
     }
     Ok(format!("{{{body}}}"))
 }
@@ -1091,17 +1237,8 @@ fn metadata(m: &OpMetadata) -> String {
         parts.push(format!("source_end_column={}", m.source_end_column));
     }
     if !m.profile_type.is_empty() {
-        let t: Vec<&str> = m
-            .profile_type
-            .iter()
-            .map(|&t| match t {
-                1 => "WINDOW",
-                2 => "FLAG",
-                3 => "INTEGER",
-                _ => "INVALID",
-            })
-            .collect();
-        parts.push(format!("profile_type={{{}}}", t.join(",")));
+        // XLA prints (and its parser reads) the enum numbers.
+        parts.push(format!("profile_type={}", int_list(&m.profile_type)));
     }
     if !m.deduplicated_name.is_empty() {
         parts.push(format!(
@@ -1145,13 +1282,14 @@ fn stack_frames(out: &mut String, s: &StackFrameIndexProto) {
         );
     }
     out.push_str("\nStackFrames\n");
+    // XLA prints parent ids one up (its parser takes one off again).
     for (k, f) in s.stack_frames.iter().enumerate() {
         let _ = writeln!(
             out,
             "{} {{file_location_id={} parent_frame_id={}}}",
             k + 1,
             f.file_location_id,
-            f.parent_frame_id
+            i64::from(f.parent_frame_id) + 1
         );
     }
     out.push_str("\n\n");
@@ -1182,7 +1320,9 @@ fn shape_without_layout(s: &ShapeProto) -> String {
         .iter()
         .enumerate()
         .map(|(k, d)| {
-            if s.is_dynamic_dimension.get(k).copied().unwrap_or(false) {
+            if *d == i64::MIN {
+                "?".to_string()
+            } else if s.is_dynamic_dimension.get(k).copied().unwrap_or(false) {
                 format!("<={d}")
             } else {
                 d.to_string()
@@ -1274,7 +1414,7 @@ fn literal(l: &LiteralProto) -> Result<String, String> {
         return Ok(format!("({})", parts?.join(", ")));
     }
     let n = shape::element_count(s).ok_or("literal shape overflows")? as usize;
-    let values = literal_values(l, s.element_type, n)?;
+    let values = logical_order(literal_values(l, s.element_type, n)?, s)?;
     if s.dimensions.is_empty() {
         return values
             .into_iter()
@@ -1282,6 +1422,68 @@ fn literal(l: &LiteralProto) -> Result<String, String> {
             .ok_or_else(|| "scalar literal without a value".into());
     }
     Ok(nest(&values, &s.dimensions))
+}
+
+/// `s32[2]{0} {1, 2}`, tuples as `(s32[] 1, f32[] 2)`: a literal with its
+/// shape, as XLA's parser reads a custom-call's `literal=`.
+fn shaped_literal(l: &LiteralProto) -> Result<String, String> {
+    let s = l.shape.as_ref().ok_or("literal without a shape")?;
+    if shape::is_tuple(s) {
+        let parts: Result<Vec<String>, String> =
+            l.tuple_literals.iter().map(shaped_literal).collect();
+        return Ok(format!("({})", parts?.join(", ")));
+    }
+    Ok(format!("{} {}", print_shape(s), literal(l)?))
+}
+
+/// XLA stores a literal's values in the order of its layout; the text lists
+/// them row-major.
+fn logical_order(values: Vec<String>, s: &ShapeProto) -> Result<Vec<String>, String> {
+    let rank = s.dimensions.len();
+    let Some(l) = s.layout.as_deref() else {
+        return Ok(values);
+    };
+    let m2m = &l.minor_to_major;
+    if rank < 2
+        || m2m
+            .iter()
+            .enumerate()
+            .all(|(k, &d)| d == (rank - 1 - k) as i64)
+    {
+        return Ok(values);
+    }
+    let dims: Vec<usize> = s.dimensions.iter().map(|&d| d.max(0) as usize).collect();
+    let mut stride = vec![0usize; rank];
+    let mut placed = vec![false; rank];
+    let mut acc = 1usize;
+    for &d in m2m {
+        let d = usize::try_from(d)
+            .ok()
+            .filter(|&d| d < rank && !placed[d])
+            .ok_or("literal layout is not a permutation of its dimensions")?;
+        placed[d] = true;
+        stride[d] = acc;
+        acc = acc.saturating_mul(dims[d]);
+    }
+    let mut out = Vec::with_capacity(values.len());
+    let mut index = vec![0usize; rank];
+    for _ in 0..values.len() {
+        let pos: usize = index.iter().zip(&stride).map(|(i, s)| i * s).sum();
+        out.push(
+            values
+                .get(pos)
+                .cloned()
+                .ok_or("literal layout out of range")?,
+        );
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < dims[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(out)
 }
 
 /// Row-major values nested by dimension: `{ { 1, 2 }, { 3, 4 } }`.
@@ -1370,6 +1572,49 @@ fn literal_values(l: &LiteralProto, ty: i32, n: usize) -> Result<Vec<String>, St
             check(l.f64s.len())?;
             l.f64s.iter().map(|&x| float_text(x)).collect()
         }
+        PrimitiveType::S4
+        | PrimitiveType::S2
+        | PrimitiveType::S1
+        | PrimitiveType::U4
+        | PrimitiveType::U2
+        | PrimitiveType::U1 => {
+            // One byte per element holding the low bits, as XLA stores them.
+            let (bytes, bits, signed) = match t {
+                PrimitiveType::S4 => (&l.s4s, 4, true),
+                PrimitiveType::S2 => (&l.s2s, 2, true),
+                PrimitiveType::S1 => (&l.s1s, 1, true),
+                PrimitiveType::U4 => (&l.u4s, 4, false),
+                PrimitiveType::U2 => (&l.u2s, 2, false),
+                _ => (&l.u1s, 1, false),
+            };
+            check(bytes.len())?;
+            bytes
+                .iter()
+                .map(|&b| {
+                    let v = i64::from(b) & ((1 << bits) - 1);
+                    let v = if signed && v >= 1 << (bits - 1) {
+                        v - (1 << bits)
+                    } else {
+                        v
+                    };
+                    v.to_string()
+                })
+                .collect()
+        }
+        PrimitiveType::C64 => {
+            check(l.c64s.len() / 2)?;
+            l.c64s
+                .chunks_exact(2)
+                .map(|c| format!("({}, {})", float_text_f32(c[0]), float_text_f32(c[1])))
+                .collect()
+        }
+        PrimitiveType::C128 => {
+            check(l.c128s.len() / 2)?;
+            l.c128s
+                .chunks_exact(2)
+                .map(|c| format!("({}, {})", float_text(c[0]), float_text(c[1])))
+                .collect()
+        }
         other => return Err(format!("printing {other:?} constants is not supported")),
     };
     Ok(v)
@@ -1383,6 +1628,10 @@ fn float_text_f32(x: f32) -> String {
     if x.is_infinite() {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
+    // XLA reads `-0` as the integer 0 (+0.0); `-0.0` keeps the sign.
+    if x == 0.0 && x.is_sign_negative() {
+        return "-0.0".into();
+    }
     let s = format!("{x:?}");
     s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
 }
@@ -1393,6 +1642,10 @@ fn float_text(x: f64) -> String {
     }
     if x.is_infinite() {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    // XLA reads `-0` as the integer 0 (+0.0); `-0.0` keeps the sign.
+    if x == 0.0 && x.is_sign_negative() {
+        return "-0.0".into();
     }
     let s = format!("{x:?}");
     s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
