@@ -277,10 +277,78 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let clamped = self.b.clamp(&lo, &rounded, &hi);
         let codes = self.b.convert(&clamped, PrimitiveType::S8);
         let codes = self.b.reshape(&codes, &[nb * bl]);
-        let scale_bytes = self.b.bitcast_convert(&scale_wire, PrimitiveType::S8);
-        let width = self.plan().scale_type.bytes() as i64;
-        let scale_bytes = self.b.reshape(&scale_bytes, &[nb * width]);
+        let scale_bytes = self.pack_scales(&scale_wire, nb);
         self.b.concatenate(&[codes, scale_bytes], 0)
+    }
+
+    /// Scales → s8[nb·width], their bytes little-endian. Only same-width
+    /// bitcasts, shifts and truncating converts: backends' elemental
+    /// emitters do not implement width-changing bitcast-convert (XLA
+    /// expands those early, before a pass at this stage runs).
+    fn pack_scales(&mut self, scale_wire: &Value, nb: i64) -> Value {
+        let width = self.plan().scale_type.bytes() as i64;
+        let bits = match self.plan().scale_type {
+            ScaleType::F32 => self.b.bitcast_convert(scale_wire, PrimitiveType::S32),
+            ScaleType::Bf16 => {
+                // bf16 → f32 is exact: the bf16 bits are the f32's high half.
+                let wide = self.b.convert(scale_wire, PrimitiveType::F32);
+                let wide = self.b.bitcast_convert(&wide, PrimitiveType::S32);
+                let sixteen = self.s32(16);
+                let sixteen = self.b.broadcast(&sixteen, &[nb], &[]);
+                self.b.binary("shift-right-logical", &wide, &sixteen)
+            }
+        };
+        let mut bytes = Vec::new();
+        for k in 0..width {
+            let shifted = if k == 0 {
+                bits.clone()
+            } else {
+                let by = self.s32(8 * k);
+                let by = self.b.broadcast(&by, &[nb], &[]);
+                self.b.binary("shift-right-logical", &bits, &by)
+            };
+            let byte = self.b.convert(&shifted, PrimitiveType::S8);
+            bytes.push(self.b.reshape(&byte, &[nb, 1]));
+        }
+        let packed = self.b.concatenate(&bytes, 1);
+        self.b.reshape(&packed, &[nb * width])
+    }
+
+    /// The inverse of [`Self::pack_scales`]: `[.., nb, width]` bytes → f32[.., nb].
+    fn unpack_scales(&mut self, scale_bytes: &Value, dims: &[i64]) -> Value {
+        let width = self.plan().scale_type.bytes() as i64;
+        let rank = dims.len() + 1;
+        let mut bits: Option<Value> = None;
+        for k in 0..width {
+            let mut start = vec![0; rank];
+            start[rank - 1] = k;
+            let mut limit: Vec<i64> = dims.to_vec();
+            limit.push(k + 1);
+            let byte = self.b.slice(scale_bytes, &start, &limit);
+            let byte = self.b.reshape(&byte, dims);
+            let byte = self.b.convert(&byte, PrimitiveType::S32);
+            let mask = self.s32(0xff);
+            let mask = self.b.broadcast(&mask, dims, &[]);
+            let byte = self.b.binary("and", &byte, &mask);
+            let byte = if k == 0 {
+                byte
+            } else {
+                let by = self.s32(8 * k);
+                let by = self.b.broadcast(&by, dims, &[]);
+                self.b.binary("shift-left", &byte, &by)
+            };
+            bits = Some(match bits {
+                None => byte,
+                Some(acc) => self.b.binary("or", &acc, &byte),
+            });
+        }
+        let mut bits = bits.expect("width >= 1");
+        if self.plan().scale_type == ScaleType::Bf16 {
+            let sixteen = self.s32(16);
+            let sixteen = self.b.broadcast(&sixteen, dims, &[]);
+            bits = self.b.binary("shift-left", &bits, &sixteen);
+        }
+        self.b.bitcast_convert(&bits, PrimitiveType::F32)
     }
 
     /// One s8 message (or `[P, message]` with `lead = Some(P)`) → f32 values.
@@ -298,14 +366,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         *start.last_mut().unwrap_or(&mut 0) = len;
         let scale_bytes = self.b.slice(message, &start, &with_lead(&[msg]));
         let scale_bytes = self.b.reshape(&scale_bytes, &with_lead(&[nb, width]));
-        let wire_type = match self.plan().scale_type {
-            ScaleType::F32 => PrimitiveType::F32,
-            ScaleType::Bf16 => PrimitiveType::Bf16,
-        };
-        let mut scale = self.b.bitcast_convert(&scale_bytes, wire_type);
-        if wire_type != PrimitiveType::F32 {
-            scale = self.b.convert(&scale, PrimitiveType::F32);
-        }
+        let scale = self.unpack_scales(&scale_bytes, &with_lead(&[nb]));
         let codes = self.b.reshape(&codes, &with_lead(&[nb, bl]));
         let codes = self.b.convert(&codes, PrimitiveType::F32);
         let dims = with_lead(&[nb, bl]);
