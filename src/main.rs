@@ -52,6 +52,9 @@ enum Command {
     /// Measure the quantized ring's error against the exact sum on synthetic
     /// data, next to a bf16 ring all-reduce and naive per-tensor int8.
     Simulate(SimulateArgs),
+    /// Predicted bf16 and equarx all-reduce times over message sizes on a
+    /// named topology (a model from public figures, not a measurement).
+    Model(ModelArgs),
 }
 
 #[derive(Args)]
@@ -147,6 +150,28 @@ struct AnalyzeArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Predict each all-reduce's time, bf16 ring vs equarx, on this
+    /// topology (v5e, v6e, v5p, h100, h200; a slice shape like v5e:4x4).
+    #[arg(long)]
+    topology: Option<String>,
+    #[command(flatten)]
+    pass: PassArgs,
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Topology (v5e, v6e, v5p, h100, h200; a slice shape like v5e:4x4).
+    #[arg(long, default_value = "v5e")]
+    topology: String,
+    /// Group size P.
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// Message sizes (bf16 payload), e.g. 64KiB,1MiB,16MiB.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes,
+          default_value = "16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB")]
+    sizes: Vec<u64>,
+    #[command(flatten)]
+    pass: PassArgs,
 }
 
 #[derive(Args)]
@@ -193,6 +218,7 @@ fn main() -> ExitCode {
         Command::Print(a) => print(a),
         Command::Analyze(a) => analyze(a),
         Command::Simulate(a) => simulate(a),
+        Command::Model(a) => model(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -503,5 +529,59 @@ mod tests {
         assert_eq!(parse_bytes("64 KiB"), Ok(64 << 10));
         assert_eq!(parse_bytes("0"), Ok(0));
         assert!(parse_bytes("lots").is_err());
+    }
+}
+
+fn model(a: ModelArgs) -> Result<()> {
+    let t = equarx::cost::Topology::parse(&a.topology).map_err(anyhow::Error::msg)?;
+    let o = pass_options(&a.pass)?.pass;
+    if a.group_size < 2 {
+        bail!("--group-size must be at least 2");
+    }
+    println!(
+        "model (not a measurement): {}, P = {}, {}",
+        t.name, a.group_size, t.source
+    );
+    println!(
+        "ring bandwidth per device: bf16 {:.0} GB/s, equarx {:.0} GB/s{}; step latency {} us",
+        t.ring_gbps(true),
+        t.ring_gbps(o.bidirectional),
+        if t.wraparound {
+            ""
+        } else {
+            " (no wraparound: halved)"
+        },
+        t.step_latency_us
+    );
+    println!(
+        "{:>10} {:>12} {:>12} {:>12} {:>8}",
+        "bf16 size", "bf16 us", "equarx us", "compute us", "speedup"
+    );
+    for &bytes in &a.sizes {
+        let plan = equarx::passes::quantized_all_reduce::plan::RingPlan::new(
+            a.group_size,
+            (bytes / 2) as usize,
+            &o,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let p = equarx::cost::predict(&t, &plan, bytes, 2, o.bidirectional);
+        println!(
+            "{:>10} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x",
+            human_bytes(bytes),
+            p.bf16_us,
+            p.equarx_us,
+            p.compute_us,
+            p.speedup()
+        );
+    }
+    Ok(())
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}KiB", b >> 10),
+        b => format!("{b}B"),
     }
 }
