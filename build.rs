@@ -1,6 +1,11 @@
 //! Compiles our HLO schema (`proto/xla/*.proto`) with protox, a pure-Rust
 //! protobuf compiler, so no system `protoc` is needed. Maps become BTreeMaps
 //! so that encoding is deterministic (same module, same bytes).
+//!
+//! Then generates the cxx bridge (`src/ffi/bridge.rs`): the header C++ sees
+//! (`$OUT_DIR/cxxbridge/include/equarx/src/ffi/bridge.rs.h`, also linked at
+//! `<target>/cxxbridge/equarx/src/ffi/bridge.rs.h`) and the C++ glue, which
+//! is compiled into the library (so `libequarx.a` carries it).
 
 use std::path::PathBuf;
 
@@ -22,5 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     prost_build::Config::new()
         .btree_map(["."])
         .compile_fds(fds)?;
+
+    cxx_build::bridge("src/ffi/bridge.rs")
+        .std("c++17")
+        .compile("equarx-cxxbridge");
     Ok(())
 }

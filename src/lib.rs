@@ -7,6 +7,7 @@
 
 pub mod analyze;
 pub mod cost;
+pub mod ffi;
 pub mod io;
 pub mod ir;
 pub mod numerics;

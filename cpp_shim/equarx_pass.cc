@@ -1,0 +1,144 @@
+// equarx_pass.cc — see equarx_pass.h.
+#include "equarx_pass.h"
+
+#include <climits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "equarx/src/ffi/bridge.rs.h"
+#include "rust/cxx.h"
+#include "xla/hlo/ir/hlo_computation.h"
+#include "xla/hlo/ir/hlo_instruction.h"
+#include "xla/hlo/ir/hlo_schedule.h"
+#include "xla/service/hlo.pb.h"
+
+namespace equarx {
+namespace {
+
+bridge::PassOptions ToBridge(const EquarxPassOptions& o,
+                             const xla::HloModuleConfig& config) {
+  bridge::PassOptions b = bridge::default_pass_options();
+  b.block_size = static_cast<uint64_t>(o.block_size);
+  b.pipeline_depth = static_cast<uint64_t>(o.pipeline_depth);
+  b.bidirectional = o.bidirectional;
+  b.min_payload_bytes = static_cast<uint64_t>(o.min_payload_bytes);
+  b.element_types.clear();
+  for (xla::PrimitiveType t : o.element_types) {
+    b.element_types.push_back(static_cast<int32_t>(t));
+  }
+  b.bf16_scales = o.scale_type == EquarxPassOptions::ScaleType::kBf16;
+  b.gather_with_collective_permutes =
+      o.gather == EquarxPassOptions::Gather::kCollectivePermutes;
+  // XLA knows the counts; the proto alone does not carry them.
+  b.replica_count = config.replica_count();
+  b.num_partitions = config.num_partitions();
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> EquarxPass::RunImpl(
+    xla::HloModule* module,
+    const absl::flat_hash_set<absl::string_view>& execution_threads) {
+  // equarx rewrites computations of the main thread only.
+  if (!execution_threads.empty() &&
+      !execution_threads.contains(xla::HloInstruction::kMainExecutionThread)) {
+    return false;
+  }
+  // Negative sizes cannot cross as the bridge's unsigned fields; every
+  // other check is equarx's own (its message comes back below).
+  if (options_.block_size < 0 || options_.pipeline_depth < 0 ||
+      options_.min_payload_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), ": block_size, pipeline_depth and min_payload_bytes must not "
+                "be negative"));
+  }
+  std::string bytes;
+  if (!module->ToProto().SerializeToString(&bytes)) {
+    return absl::InternalError(
+        absl::StrCat(name(), ": cannot serialize module ", module->name()));
+  }
+  bridge::RewriteResult result = bridge::rewrite_module(
+      rust::Slice<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                 bytes.size()),
+      ToBridge(options_, module->config()));
+  if (!result.ok) {
+    std::string message = absl::StrCat(name(), " on module ", module->name(),
+                                       ": ", std::string(result.error));
+    return result.options_error ? absl::InvalidArgumentError(message)
+                                : absl::InternalError(message);
+  }
+  last_report_json_ = std::string(result.report_json);
+  if (!result.changed) return false;
+
+  if (result.module.size() > static_cast<size_t>(INT_MAX)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name(), ": the rewritten module is larger than protobuf can parse"));
+  }
+  xla::HloModuleProto rewritten;
+  if (!rewritten.ParseFromArray(result.module.data(),
+                                static_cast<int>(result.module.size()))) {
+    return absl::InternalError(absl::StrCat(
+        name(), ": equarx returned bytes that are not an HloModuleProto"));
+  }
+  absl::StatusOr<std::unique_ptr<xla::HloModule>> fresh =
+      xla::HloModule::CreateFromProto(rewritten, module->config());
+  if (!fresh.ok()) {
+    return absl::InternalError(absl::StrCat(
+        name(), ": XLA refused the rewritten module: ",
+        fresh.status().ToString()));
+  }
+  // A scheduled module comes back with a schedule (equarx keeps it a valid
+  // order). Schedules are keyed by unique ids, which the move below
+  // reassigns: keep the sequences by pointer and rebuild the schedule after.
+  std::vector<std::pair<const xla::HloComputation*,
+                        std::vector<xla::HloInstruction*>>>
+      sequences;
+  if ((*fresh)->has_schedule()) {
+    const xla::HloSchedule& schedule = (*fresh)->schedule();
+    for (const xla::HloComputation* c : (*fresh)->computations()) {
+      if (schedule.is_computation_scheduled(c)) {
+        sequences.emplace_back(c, schedule.sequence(c).instructions());
+      }
+    }
+  }
+  // Swap the new computations in; the module object (and its config, its
+  // unique id, the pipeline's references to it) stays.
+  module->clear_schedule();
+  module->MoveComputationsFrom(fresh->get());
+  absl::Status removed = module->RemoveUnusedComputations();
+  if (!removed.ok()) return removed;
+  if (!sequences.empty()) {
+    // Computations equarx left unused (e.g. the all-reduce's reducer) were
+    // just removed: only the live ones get a sequence.
+    absl::flat_hash_set<const xla::HloComputation*> live;
+    for (const xla::HloComputation* c : module->computations()) live.insert(c);
+    xla::HloSchedule schedule(module);
+    for (const auto& [computation, sequence] : sequences) {
+      if (live.contains(computation)) {
+        schedule.set_sequence(computation, sequence);
+      }
+    }
+    absl::Status scheduled = module->set_schedule(std::move(schedule));
+    if (!scheduled.ok()) {
+      return absl::InternalError(absl::StrCat(
+          name(), ": the rewritten schedule is invalid: ", scheduled.ToString()));
+    }
+  }
+  // Names equarx chose are unknown to the module's name uniquers; register
+  // them so that later passes never hand out the same name again.
+  for (xla::HloComputation* computation : module->computations()) {
+    module->computation_name_uniquer().GetUniqueName(computation->name());
+    for (xla::HloInstruction* instruction : computation->instructions()) {
+      module->instruction_name_uniquer().GetUniqueName(instruction->name());
+    }
+  }
+  return true;
+}
+
+}  // namespace equarx

@@ -1,0 +1,135 @@
+/* equarx.h — the C ABI of equarx (libequarx.so / libequarx.a).
+ *
+ * equarx rewrites the sum all-reduces of an XLA HLO module into a ring of
+ * int8 collective-permutes with block-wise quantization (EQuARX). This header
+ * is the door for C, Python (ctypes) and anything else that can call C.
+ *
+ * Rules:
+ *  - Every pointer and length is checked: a null where a value is needed is
+ *    EQUARX_INVALID_ARGUMENT, never a crash. No panic or exception crosses
+ *    this boundary (a bug inside equarx is EQUARX_INTERNAL + a message).
+ *  - No global state (except the options of the PJRT callback): calls from
+ *    many threads at once are independent.
+ *  - Memory equarx hands out is freed with the matching equarx_free_*.
+ *
+ * Options are one JSON object (NULL or "" for all defaults). Absent keys
+ * keep their defaults; unknown keys are an error.
+ *
+ *   {"block_size": 128,             elements per quantization block
+ *    "pipeline_depth": 2,           independent sub-chunk chains per direction
+ *    "bidirectional": false,        half of every chunk goes each way round
+ *    "min_payload_bytes": 1048576,  smaller all-reduces stay as they are
+ *    "types": ["bf16"],             element types to quantize: bf16 f16 f32
+ *    "scale_type": "f32",           "f32" or "bf16" scales on the wire
+ *    "gather": "all-gather",        "all-gather" or "permute"
+ *    "replica_count": null,         override the module's device counts
+ *    "num_partitions": null,        (XLA knows them from HloModuleConfig)
+ *    "disabled_passes": []}
+ *
+ * Example:
+ *
+ *   equarx_result r = {sizeof(equarx_result)};
+ *   equarx_status s = equarx_rewrite(bytes, len,
+ *       "{\"min_payload_bytes\": 0, \"types\": [\"bf16\", \"f32\"]}", &r);
+ *   if (s != EQUARX_OK) fprintf(stderr, "equarx: %s\n", r.error);
+ *   else if (r.changed) use(r.module, r.module_len);   // else keep `bytes`
+ *   equarx_free_result(&r);
+ */
+#ifndef EQUARX_H_
+#define EQUARX_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum equarx_status {
+  EQUARX_OK = 0,
+  EQUARX_INVALID_ARGUMENT = 1, /* null pointer, bad length, bad struct_size */
+  EQUARX_INVALID_OPTIONS = 2,  /* options JSON malformed or out of range */
+  EQUARX_INVALID_MODULE = 3,   /* the bytes are not a module equarx reads */
+  EQUARX_REWRITE_FAILED = 4,   /* the module is malformed, or the pass failed */
+  EQUARX_INTERNAL = 5          /* a bug in equarx (caught panic) */
+} equarx_status;
+
+/* Filled by equarx_rewrite. Set struct_size = sizeof(equarx_result) before
+ * the call; the other fields are outputs. */
+typedef struct equarx_result {
+  size_t struct_size;
+  /* The rewritten module, in the input's container (bare HloModuleProto in,
+   * bare HloModuleProto out). NULL when unchanged (keep your input) or on
+   * error. */
+  uint8_t* module;
+  size_t module_len;
+  int changed; /* 1 if any all-reduce was rewritten */
+  /* NUL-terminated JSON array, one object per all-reduce: name, decision
+   * ("rewritten": true/false), reason, group size, mode, wire bytes before
+   * and after, predicted error. Set whenever the status is EQUARX_OK. */
+  char* report_json;
+  /* NUL-terminated message; set whenever the status is not EQUARX_OK. */
+  char* error;
+} equarx_result;
+
+/* The library version ("0.1.0"), static storage. */
+const char* equarx_version(void);
+
+/* Rewrites `module_len` bytes at `module`: a serialized HloModuleProto (as
+ * HloModule::ToProto, JAX and the PJRT transform hook give it), or an
+ * HloProto / HloModuleProtoWithConfig, gzip-compressed or not. */
+equarx_status equarx_rewrite(const uint8_t* module, size_t module_len,
+                             const char* options_json, equarx_result* result);
+
+/* Frees the buffers in `result` and nulls them. NULL, a zeroed struct and
+ * an already freed one are fine. */
+void equarx_free_result(equarx_result* result);
+
+/* Validates options without a module. On failure *error (if error != NULL)
+ * receives a message to free with equarx_free_string. */
+equarx_status equarx_check_options(const char* options_json, char** error);
+
+/* Frees a string returned through a `char** error` argument. NULL is fine. */
+void equarx_free_string(char* s);
+
+/* ---- Experimental: the PJRT XLA-transform extension --------------------
+ *
+ * A native callback in the shape of the extension in openxla/xla
+ * (xla/pjrt/c/pjrt_c_api_xla_transform_extension.h, version 1), so a
+ * framework can register equarx with a PJRT plugin (TPU, GPU) without a
+ * Python callback (which needs the GIL on the compiler thread and can
+ * deadlock ahead-of-time compiles). The extension is new; its layout may
+ * change. The struct types are XLA's; include XLA's header to use them.
+ *
+ * The options are process-wide (the callbacks table carries no user data):
+ * set them with equarx_pjrt_configure or equarx_pjrt_register. */
+struct PJRT_XlaTransform_Callbacks;
+struct PJRT_XlaTransform_Args;
+
+/* The extension's transform_hlo_module. Output buffers stay valid until XLA
+ * calls args->header.cleanup_fn(args->header.data). */
+void equarx_pjrt_transform_hlo_module(
+    struct PJRT_XlaTransform_Callbacks* callbacks,
+    struct PJRT_XlaTransform_Args* args);
+
+/* A static callbacks table {version 1, no dtor,
+ * equarx_pjrt_transform_hlo_module}. */
+struct PJRT_XlaTransform_Callbacks* equarx_pjrt_callbacks(void);
+
+/* Sets the options the callback uses (JSON as for equarx_rewrite). */
+equarx_status equarx_pjrt_configure(const char* options_json, char** error);
+
+/* Sets the options, finds the XLA-transform extension in `pjrt_api` (a
+ * plugin's const PJRT_Api*) and registers the callback under `name` (NULL:
+ * "equarx-quantized-all-reduce") at `stage` (0 pre-scheduler, 1
+ * post-scheduler). A plugin without the extension is an error whose message
+ * names the extensions it has. */
+equarx_status equarx_pjrt_register(const void* pjrt_api, const char* name,
+                                   int stage, const char* options_json,
+                                   char** error);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* EQUARX_H_ */

@@ -1,0 +1,178 @@
+"""The JAX door end to end (run by tests/jax_door.rs; needs
+XLA_FLAGS=--xla_force_host_platform_device_count=8, PYTHONPATH=python and
+EQUARX_LIB pointing at libequarx.so).
+
+A Megatron-style tensor-parallel transformer block in bf16 over 8 CPU
+devices is compiled and run without equarx, then with
+``equarx.jax.enable(...)``. Checks: the compiled HLO holds s8
+collective-permutes, the result matches the unquantized run, all devices
+hold the same bits, errors in the pass come back as Python exceptions with
+equarx's message, and ``disable()`` restores the plain compile.
+
+Prints one line ``JAX_DOOR_RESULT <json>``; the Rust test asserts on it.
+"""
+
+import ctypes
+import json
+import os
+import re
+import sys
+import time
+
+if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
+    sys.exit("set XLA_FLAGS=--xla_force_host_platform_device_count=8")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import equarx
+import equarx.jax as ej
+
+S8_PERMUTE = re.compile(r"= s8\[[^\]]*\](\{[^}]*\})? collective-permute\(")
+
+BATCH, SEQ, WIDTH, HEADS, MLP = 2, 64, 256, 8, 1024
+HEAD = WIDTH // HEADS
+
+
+def layer_norm(x):
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
+    return ((x32 - mean) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype)
+
+
+def tp_block(p, x):
+    """LN → QKV (column-parallel over heads) → attention → out-projection
+    (row-parallel: all-reduce) → residual → LN → MLP up (column-parallel)
+    → gelu → down (row-parallel: all-reduce) → residual."""
+    h = layer_norm(x)
+    q = jnp.einsum("bsd,dhk->bhsk", h, p["wq"])
+    k = jnp.einsum("bsd,dhk->bhsk", h, p["wk"])
+    v = jnp.einsum("bsd,dhk->bhsk", h, p["wv"])
+    logits = jnp.einsum("bhsk,bhtk->bhst", q, k) / np.sqrt(HEAD).astype(np.float32)
+    attn = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
+    ctx = jnp.einsum("bhst,bhtk->bhsk", attn, v)
+    x = x + jnp.einsum("bhsk,hkd->bsd", ctx, p["wo"])
+    h = layer_norm(x)
+    up = jax.nn.gelu(h @ p["w1"])
+    return x + up @ p["w2"]
+
+
+def count_s8_permutes(text):
+    return sum(1 for line in text.splitlines() if S8_PERMUTE.search(line))
+
+
+def main():
+    devices = jax.devices()
+    assert len(devices) == 8, devices
+    mesh = Mesh(np.array(devices), ("tp",))
+    rng = np.random.default_rng(0)
+
+    def put(shape, scale, spec):
+        a = jnp.asarray(rng.standard_normal(shape) * scale, jnp.bfloat16)
+        return jax.device_put(a, NamedSharding(mesh, spec))
+
+    params = {
+        "wq": put((WIDTH, HEADS, HEAD), WIDTH**-0.5, P(None, "tp", None)),
+        "wk": put((WIDTH, HEADS, HEAD), WIDTH**-0.5, P(None, "tp", None)),
+        "wv": put((WIDTH, HEADS, HEAD), WIDTH**-0.5, P(None, "tp", None)),
+        "wo": put((HEADS, HEAD, WIDTH), WIDTH**-0.5, P("tp", None, None)),
+        "w1": put((WIDTH, MLP), WIDTH**-0.5, P(None, "tp")),
+        "w2": put((MLP, WIDTH), MLP**-0.5, P("tp", None)),
+    }
+    x = put((BATCH, SEQ, WIDTH), 1.0, P())
+    replicated = NamedSharding(mesh, P())
+    result = {"library": str(equarx.library_path()), "version": equarx.version()}
+
+    def compile_block():
+        jax.clear_caches()
+        t = time.time()
+        compiled = jax.jit(tp_block, out_shardings=replicated).lower(params, x).compile()
+        return compiled, time.time() - t
+
+    # 1. Without equarx.
+    compiled, secs = compile_block()
+    reference = compiled(params, x)
+    result["plain"] = {
+        "compile_s": secs,
+        "s8_collective_permutes": count_s8_permutes(compiled.as_text()),
+    }
+
+    # 2. With equarx: XLA:CPU promotes bf16 all-reduces to f32 before this
+    # stage, so f32 is enabled too.
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0, pipeline_depth=1)
+    result["enabled"] = {k: v for k, v in ej.enabled().items() if k != "stage"}
+    compiled, secs = compile_block()
+    text = compiled.as_text()
+    out = compiled(params, x)
+    ref = np.asarray(reference, np.float32)
+    got = np.asarray(out, np.float32)
+    shards = [np.asarray(s.data) for s in out.addressable_shards]
+    report = ej.last_report() or []
+    result["equarx"] = {
+        "compile_s": secs,
+        "s8_collective_permutes": count_s8_permutes(text),
+        "s8_permute_example": next(
+            (l.strip()[:160] for l in text.splitlines() if S8_PERMUTE.search(l)), None
+        ),
+        "rel_rms": float(np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref**2))),
+        "max_abs_ref": float(np.abs(ref).max()),
+        "devices_bit_identical": all(
+            s.tobytes() == shards[0].tobytes() for s in shards[1:]
+        ),
+        "shards": len(shards),
+        "rewritten": sum(1 for r in report if r["rewritten"]),
+        "report": report,
+    }
+
+    # 3. Invalid options are refused by enable(), with equarx's message.
+    try:
+        ej.enable(platforms=("cpu",), block_size=0)
+        result["bad_options"] = None
+    except equarx.EquarxError as e:
+        result["bad_options"] = {"type": type(e).__name__, "message": str(e)}
+    result["still_enabled_after_bad_options"] = ej.enabled() is not None
+
+    # 4. An error inside the pass, during compilation: an option only the
+    # pipeline can check (a pass name), so enable() accepts it.
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0,
+              disabled_passes=["no-such-pass"])
+    try:
+        compile_block()
+        result["pass_error"] = None
+    except Exception as e:  # JAX's compile error wrapping ours
+        result["pass_error"] = {"type": type(e).__name__, "message": str(e)[:2000]}
+
+    # 5. disable() restores the plain compile.
+    result["disable_returned"] = ej.disable()
+    compiled, secs = compile_block()
+    result["after_disable"] = {
+        "s8_collective_permutes": count_s8_permutes(compiled.as_text()),
+        "disable_again": ej.disable(),
+    }
+
+    # 6. The experimental native registration: a PJRT_Api without the
+    # XLA-transform extension (no plugin here has it) is refused clearly;
+    # a capsule is accepted as the pointer.
+    class FakeApi(ctypes.Structure):
+        _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                    ("version", ctypes.c_size_t * 3), ("fns", ctypes.c_void_p * 2)]
+
+    api = FakeApi(struct_size=ctypes.sizeof(FakeApi))
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    capsule = new_capsule(ctypes.addressof(api), b"pjrt_c_api", None)
+    try:
+        ej.register_native(capsule, min_payload=0)
+        result["native"] = None
+    except equarx.EquarxError as e:
+        result["native"] = {"message": str(e)}
+
+    print("JAX_DOOR_RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

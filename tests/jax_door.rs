@@ -1,0 +1,112 @@
+//! The JAX door: `python/equarx` registered with
+//! `jax.extend.xla.register_hlo_module_transformation` through
+//! `equarx.jax.enable(...)`, loading this build's `libequarx.so`. A
+//! tensor-parallel transformer block runs on 8 CPU devices with and without
+//! the pass (`tests/jax_door.py`, in the pinned venv of `scripts/pyenv`).
+
+mod common;
+mod doors;
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn jax_enable_rewrites_a_tensor_parallel_block() {
+    let python = common::python();
+    let lib = doors::cdylib();
+    let started = std::time::Instant::now();
+    let out = Command::new(&python)
+        .arg(common::repo().join("tests/jax_door.py"))
+        .env("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+        .env("JAX_PLATFORMS", "cpu")
+        .env("PYTHONPATH", common::repo().join("python"))
+        .env("EQUARX_LIB", &lib)
+        .current_dir(common::scratch("jax_door"))
+        .output()
+        .expect("run tests/jax_door.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail: String = {
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("    @")).collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    };
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("JAX_DOOR_RESULT "))
+        .unwrap_or_else(|| {
+            panic!(
+                "tests/jax_door.py gave no result ({}; a signal means XLA aborted, e.g. on HLO its \
+                 backend cannot emit):\n{stdout}\n--- stderr (last lines)\n{tail}",
+                out.status
+            )
+        });
+    let r: Value = serde_json::from_str(line).expect("result JSON");
+    println!("{}", serde_json::to_string_pretty(&r).unwrap());
+    println!("python process: {:.1?}", started.elapsed());
+
+    assert_eq!(
+        r["plain"]["s8_collective_permutes"], 0,
+        "plain compile has no s8 ring"
+    );
+
+    let e = &r["equarx"];
+    assert!(
+        e["s8_collective_permutes"].as_u64().unwrap_or(0) > 0,
+        "no s8 collective-permute in the compiled HLO: {e}"
+    );
+    assert_eq!(
+        e["rewritten"], 2,
+        "both all-reduces of the block are rewritten: {e}"
+    );
+    let rel = e["rel_rms"].as_f64().expect("rel_rms");
+    assert!(
+        rel > 0.0 && rel < 0.03,
+        "relative RMS error {rel} (want 0 < e < 3%)"
+    );
+    assert_eq!(
+        e["devices_bit_identical"], true,
+        "every device holds the same bits"
+    );
+    assert_eq!(e["shards"], 8);
+
+    let bad = &r["bad_options"];
+    assert_eq!(
+        bad["type"], "EquarxError",
+        "enable() refuses bad options: {r}"
+    );
+    assert!(
+        bad["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("block size must be in 1..="),
+        "{bad}"
+    );
+    assert_eq!(
+        r["still_enabled_after_bad_options"], true,
+        "a refused enable() keeps the old one"
+    );
+
+    let pass_error = r["pass_error"]["message"].as_str().unwrap_or("");
+    assert!(
+        pass_error.contains("unknown pass \\\"no-such-pass\\\"")
+            || pass_error.contains("unknown pass \"no-such-pass\""),
+        "the pass's error reaches Python with equarx's message: {}",
+        r["pass_error"]
+    );
+
+    assert_eq!(r["disable_returned"], true);
+    assert_eq!(
+        r["after_disable"]["s8_collective_permutes"], 0,
+        "disable() removes the pass"
+    );
+    assert_eq!(r["after_disable"]["disable_again"], false);
+
+    let native = r["native"]["message"].as_str().unwrap_or("");
+    assert!(
+        native.contains("no XLA-transform extension"),
+        "register_native on a plugin without the extension: {}",
+        r["native"]
+    );
+    assert!(out.status.success(), "{}\n{tail}", out.status);
+}
