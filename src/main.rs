@@ -510,28 +510,6 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cli_defaults_are_the_library_defaults() {
-        let cli = Cli::try_parse_from(["equarx", "rewrite", "in.pb", "-o", "out.pb"]).unwrap();
-        let Command::Rewrite(a) = cli.command else {
-            panic!("not rewrite")
-        };
-        assert_eq!(pass_options(&a.pass).unwrap().pass, Options::default());
-    }
-
-    #[test]
-    fn byte_counts_take_suffixes() {
-        assert_eq!(parse_bytes("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_bytes("64 KiB"), Ok(64 << 10));
-        assert_eq!(parse_bytes("0"), Ok(0));
-        assert!(parse_bytes("lots").is_err());
-    }
-}
-
 fn model(a: ModelArgs) -> Result<()> {
     let t = equarx::cost::Topology::parse(&a.topology).map_err(anyhow::Error::msg)?;
     let o = pass_options(&a.pass)?.pass;
@@ -583,5 +561,27 @@ fn human_bytes(b: u64) -> String {
         b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}KiB", b >> 10),
         b => format!("{b}B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_defaults_are_the_library_defaults() {
+        let cli = Cli::try_parse_from(["equarx", "rewrite", "in.pb", "-o", "out.pb"]).unwrap();
+        let Command::Rewrite(a) = cli.command else {
+            panic!("not rewrite")
+        };
+        assert_eq!(pass_options(&a.pass).unwrap().pass, Options::default());
+    }
+
+    #[test]
+    fn byte_counts_take_suffixes() {
+        assert_eq!(parse_bytes("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_bytes("64 KiB"), Ok(64 << 10));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert!(parse_bytes("lots").is_err());
     }
 }
