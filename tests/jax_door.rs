@@ -59,10 +59,13 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         e["rewritten"], 2,
         "both all-reduces of the block are rewritten: {e}"
     );
+    // Two all-reduces in a row, each within the error model for matmul
+    // partials (the bound of the real-XLA pass tests).
     let rel = e["rel_rms"].as_f64().expect("rel_rms");
+    let bound = common::chained_bound(2.0, 8);
     assert!(
-        rel > 0.0 && rel < 0.03,
-        "relative RMS error {rel} (want 0 < e < 3%)"
+        rel > 0.0 && rel < bound,
+        "relative RMS error {rel} (want 0 < e < {bound})"
     );
     assert_eq!(
         e["devices_bit_identical"], true,

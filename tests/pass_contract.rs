@@ -264,3 +264,28 @@ fn the_default_threshold_skips_small_all_reduces_with_a_reason() {
     let reason = r.report[0].reason.as_deref().unwrap();
     assert!(reason.contains("below the minimum"), "{reason}");
 }
+
+#[test]
+fn the_force_attribute_waives_the_threshold_and_says_so() {
+    let loaded = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
+    let forced = common::modules::with_attribute(loaded.module.clone(), "equarx.quantize", "true");
+    let r = equarx::rewrite(forced, loaded.counts, &RewriteOptions::default()).unwrap();
+    assert!(r.changed, "{:?}", r.report);
+    assert!(
+        r.report[0]
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("forced")
+    );
+    let bad = common::modules::with_attribute(loaded.module, "equarx.quantize", "yes");
+    let r = equarx::rewrite(bad, loaded.counts, &RewriteOptions::default()).unwrap();
+    assert!(!r.changed);
+    assert!(
+        r.report[0]
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("\"true\" or \"false\"")
+    );
+}

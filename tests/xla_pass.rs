@@ -57,8 +57,6 @@ struct Case {
 
 const P8: &[usize] = &[0, 1, 2, 3, 4, 5, 6, 7];
 const FUSED_DISABLE: &str = "reshape-mover,algsimp";
-/// κ² of blocks of 128 products of two standard Gaussians.
-const PRODUCT_CREST_SQ: f64 = 20.5;
 
 fn groups_of(g: &[&[usize]]) -> Vec<Vec<usize>> {
     g.iter().map(|x| x.to_vec()).collect()
@@ -209,6 +207,18 @@ fn cases() -> Vec<Case> {
         &[P8],
     ));
 
+    // An all-reduce inside a conditional branch (the predicate holds on
+    // every device for these inputs).
+    let text =
+        std::fs::read_to_string(common::repo().join("tests/cases/conditional_psum.hlo")).unwrap();
+    let parsed = equarx::text::parse(&text).unwrap();
+    v.push(psum(
+        "conditional_branch",
+        parsed.proto,
+        opts(|_| {}),
+        &[P8],
+    ));
+
     // Async all-reduce-start / all-reduce-done.
     let mut m = p8();
     make_async(&mut m);
@@ -246,7 +256,7 @@ fn cases() -> Vec<Case> {
     // Inside programs the all-reduce inputs are matmul partials: products
     // of Gaussians have κ² ≈ 20.5 for B = 128 (numpy, 20000 blocks), and the
     // errors of L chained all-reduces add at most linearly.
-    let chained = |l: f64, p: usize| l * ring_rel_rms(p, PRODUCT_CREST_SQ);
+    let chained = common::chained_bound;
     let tp_bound = chained(2.0, 8);
     v.push(program(
         "tp_block_mesh_axes",
