@@ -26,7 +26,8 @@ bridge::PassOptions ToBridge(const EquarxPassOptions& o,
   b.block_size = static_cast<uint64_t>(o.block_size);
   b.pipeline_depth = static_cast<uint64_t>(o.pipeline_depth);
   b.bidirectional = o.bidirectional;
-  b.min_payload_bytes = static_cast<uint64_t>(o.min_payload_bytes);
+  b.min_payload_bytes = o.min_payload_bytes;
+  b.topology = rust::String(o.topology);
   b.element_types.clear();
   for (xla::PrimitiveType t : o.element_types) {
     b.element_types.push_back(static_cast<int32_t>(t));
@@ -52,11 +53,9 @@ absl::StatusOr<bool> EquarxPass::RunImpl(
   }
   // Negative sizes cannot cross as the bridge's unsigned fields; every
   // other check is equarx's own (its message comes back below).
-  if (options_.block_size < 0 || options_.pipeline_depth < 0 ||
-      options_.min_payload_bytes < 0) {
+  if (options_.block_size < 0 || options_.pipeline_depth < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name(), ": block_size, pipeline_depth and min_payload_bytes must not "
-                "be negative"));
+        name(), ": block_size and pipeline_depth must not be negative"));
   }
   std::string bytes;
   if (!module->ToProto().SerializeToString(&bytes)) {

@@ -48,18 +48,22 @@ struct EquarxPassOptions {
   enum class Gather { kAllGather, kCollectivePermutes };
 
   // Elements per quantization block (one scale per block).
-  int64_t block_size = 128;
+  int64_t block_size = 64;
   // Independent sub-chunk chains per ring direction, so the scheduler can
   // overlap one chain's transfer with another's quantize and add.
   int64_t pipeline_depth = 2;
   // Send half of every chunk each way round the ring.
-  bool bidirectional = false;
+  bool bidirectional = true;
   // All-reduces with a smaller payload (bytes, in their own type) stay.
-  int64_t min_payload_bytes = int64_t{1} << 20;
+  // Negative: equarx's cost model decides, for `topology`.
+  int64_t min_payload_bytes = -1;
+  // The machine the cost model predicts for: v5e, v6e, v5p, h100, h200,
+  // optionally with a slice shape (v5e:4x4).
+  std::string topology = "v5e";
   // Element types that are quantized. XLA:CPU promotes bf16 all-reduces to
   // f32 before scheduling; add xla::F32 there.
   std::vector<xla::PrimitiveType> element_types = {xla::BF16};
-  ScaleType scale_type = ScaleType::kF32;
+  ScaleType scale_type = ScaleType::kBf16;
   Gather gather = Gather::kAllGather;
 };
 

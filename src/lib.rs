@@ -33,6 +33,22 @@ pub struct RewriteOptions {
     pub disabled_passes: Vec<String>,
 }
 
+impl RewriteOptions {
+    /// The pass's own checks plus the device counts.
+    pub fn validate(&self) -> Result<(), String> {
+        self.pass.validate()?;
+        for (name, v) in [
+            ("replica_count", self.counts.replica_count),
+            ("num_partitions", self.counts.num_partitions),
+        ] {
+            if v.is_some_and(|v| v < 1) {
+                return Err(format!("{name} must be at least 1, is {}", v.unwrap_or(0)));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The result of [`rewrite`].
 #[derive(Clone, Debug)]
 pub struct Rewritten {

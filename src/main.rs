@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 use equarx::io::{self, DeviceCounts, Format, Loaded};
 use equarx::numerics::simulate::{self, Distribution};
+use equarx::passes::quantized_all_reduce::parse_element_types;
 use equarx::passes::{DumpStage, Pipeline};
-use equarx::proto::PrimitiveType;
 use equarx::text::{PrintOptions, print_module_with};
 use equarx::{GatherForm, OpReport, Options, RewriteOptions, ScaleType};
 
@@ -104,13 +104,21 @@ struct PassArgs {
     /// Independent sub-chunk chains per ring direction (D).
     #[arg(long, default_value_t = Options::default().pipeline_depth)]
     pipeline_depth: usize,
-    /// Send half of every chunk each way round the ring.
-    #[arg(long)]
+    /// Send half of every chunk each way round the ring (`--bidirectional
+    /// false`: one way, half the messages, half the link use).
+    #[arg(long, default_value_t = Options::default().bidirectional, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     bidirectional: bool,
-    /// Leave all-reduces whose payload is smaller than this many bytes
-    /// (suffixes KiB, MiB, GiB accepted).
-    #[arg(long, value_parser = parse_bytes, default_value = "1MiB")]
-    min_payload: u64,
+    /// Rewrite only all-reduces of at least this many bytes (suffixes KiB,
+    /// MiB, GiB), instead of asking the cost model. 0 rewrites every
+    /// eligible all-reduce.
+    #[arg(long, value_parser = parse_bytes)]
+    min_payload: Option<u64>,
+    /// The machine the cost model predicts for: v5e, v6e, v5p, h100, h200,
+    /// optionally with a slice shape (v5e:4x4; a slice smaller than the
+    /// torus has no wraparound). Default: v5e. Figures are a model.
+    #[arg(long)]
+    topology: Option<String>,
     /// Element types to quantize, comma-separated (bf16, f16, f32). XLA:CPU
     /// promotes bf16 all-reduces to f32 before scheduling: use bf16,f32
     /// there.
@@ -150,19 +158,14 @@ struct AnalyzeArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Predict each all-reduce's time, bf16 ring vs equarx, on this
-    /// topology (v5e, v6e, v5p, h100, h200; a slice shape like v5e:4x4).
-    #[arg(long)]
-    topology: Option<String>,
+    /// With --topology: predict each all-reduce's time, bf16 ring vs
+    /// equarx, and its error, under these pass options.
     #[command(flatten)]
     pass: PassArgs,
 }
 
 #[derive(Args)]
 struct ModelArgs {
-    /// Topology (v5e, v6e, v5p, h100, h200; a slice shape like v5e:4x4).
-    #[arg(long, default_value = "v5e")]
-    topology: String,
     /// Group size P.
     #[arg(long, default_value_t = 8)]
     group_size: usize,
@@ -255,42 +258,31 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 fn pass_options(a: &PassArgs) -> Result<RewriteOptions> {
-    let mut types = Vec::new();
-    for t in &a.types {
-        let ty = match t.trim() {
-            "bf16" => PrimitiveType::Bf16,
-            "f16" => PrimitiveType::F16,
-            "f32" => PrimitiveType::F32,
-            other => bail!("--types: {other:?} is not one of bf16, f16, f32"),
-        };
-        types.push(ty);
-    }
-    for (name, v) in [
-        ("--replica-count", a.replica_count),
-        ("--num-partitions", a.num_partitions),
-    ] {
-        if v.is_some_and(|v| v < 1) {
-            bail!("{name} must be at least 1");
-        }
-    }
-    let pass = Options {
-        block_size: a.block_size,
-        pipeline_depth: a.pipeline_depth,
-        bidirectional: a.bidirectional,
-        min_payload_bytes: a.min_payload,
-        element_types: types,
-        scale_type: a.scale_type,
-        gather: a.gather,
-    };
-    pass.validate().map_err(anyhow::Error::msg)?;
-    Ok(RewriteOptions {
-        pass,
+    let topology = a
+        .topology
+        .as_deref()
+        .unwrap_or(equarx::passes::quantized_all_reduce::DEFAULT_TOPOLOGY);
+    let options = RewriteOptions {
+        pass: Options {
+            block_size: a.block_size,
+            pipeline_depth: a.pipeline_depth,
+            bidirectional: a.bidirectional,
+            min_payload_bytes: a.min_payload,
+            topology: equarx::cost::Topology::parse(topology)
+                .map_err(|e| anyhow::anyhow!("--topology: {e}"))?,
+            element_types: parse_element_types(&a.types)
+                .map_err(|e| anyhow::anyhow!("--types: {e}"))?,
+            scale_type: a.scale_type,
+            gather: a.gather,
+        },
         counts: DeviceCounts {
             replica_count: a.replica_count,
             num_partitions: a.num_partitions,
         },
         disabled_passes: vec![],
-    })
+    };
+    options.validate().map_err(anyhow::Error::msg)?;
+    Ok(options)
 }
 
 fn rewrite(a: RewriteArgs) -> Result<()> {
@@ -425,6 +417,9 @@ fn print(a: PrintArgs) -> Result<()> {
 }
 
 fn analyze(a: AnalyzeArgs) -> Result<()> {
+    if a.pass.topology.is_some() {
+        return analyze_predicted(&a);
+    }
     let loaded = load(&a.input)?;
     let module = equarx::ir::Module::from_proto(loaded.module);
     equarx::verify::verify(&module).with_context(|| a.input.input.display().to_string())?;
@@ -510,9 +505,52 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `analyze --topology`: what the pass would do to each all-reduce, with
+/// the cost model's times and the predicted error.
+fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
+    let options = pass_options(&a.pass)?;
+    let loaded = load(&a.input)?;
+    let name = a.input.input.display().to_string();
+    let r = equarx::rewrite(loaded.module, loaded.counts, &options).with_context(|| name)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r.report)?);
+        return Ok(());
+    }
+    println!(
+        "model (not a measurement): {} ({})",
+        options.pass.topology.name, options.pass.topology.source
+    );
+    println!(
+        "{:<28} {:<22} {:>3} {:>10} {:>10} {:>10} {:>8} {:>8}  decision",
+        "all-reduce", "shape", "P", "bytes", "bf16 us", "equarx us", "speedup", "rel.err"
+    );
+    for op in &r.report {
+        let t = op.predicted_time.as_ref();
+        let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        println!(
+            "{:<28} {:<22} {:>3} {:>10} {:>10} {:>10} {:>8} {:>8}  {}",
+            op.name,
+            op.shape,
+            op.group_size.map_or("-".into(), |p| p.to_string()),
+            op.payload_bytes,
+            us(t.map(|t| t.bf16_us)),
+            us(t.map(|t| t.equarx_us)),
+            t.map_or("-".into(), |t| format!("{:.2}x", t.speedup)),
+            op.predicted_rel_rms
+                .map_or("-".into(), |e| format!("{:.2}%", e * 100.0)),
+            if op.rewritten {
+                "rewrite".to_string()
+            } else {
+                format!("skip: {}", op.reason.as_deref().unwrap_or(""))
+            }
+        );
+    }
+    Ok(())
+}
+
 fn model(a: ModelArgs) -> Result<()> {
-    let t = equarx::cost::Topology::parse(&a.topology).map_err(anyhow::Error::msg)?;
     let o = pass_options(&a.pass)?.pass;
+    let t = o.topology.clone();
     if a.group_size < 2 {
         bail!("--group-size must be at least 2");
     }

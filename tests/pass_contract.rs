@@ -17,7 +17,7 @@ use prost::Message;
 
 fn options(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
     let mut pass = Options {
-        min_payload_bytes: 0,
+        min_payload_bytes: Some(0),
         pipeline_depth: 1,
         element_types: vec![PrimitiveType::Bf16, PrimitiveType::F32],
         ..Options::default()
@@ -225,6 +225,7 @@ fn wire_bytes_of_a_mib_or_more_nearly_halve() {
                     scale_type,
                     pipeline_depth: depth,
                     bidirectional,
+                    min_payload_bytes: Some(0),
                     ..Options::default()
                 },
                 ..RewriteOptions::default()
@@ -252,17 +253,54 @@ fn wire_bytes_of_a_mib_or_more_nearly_halve() {
 }
 
 #[test]
-fn the_default_threshold_skips_small_all_reduces_with_a_reason() {
+fn by_default_the_cost_model_decides_and_a_threshold_overrides_it() {
     let loaded = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
-    let r = equarx::rewrite(
+    let small = equarx::rewrite(
         loaded.module.clone(),
         loaded.counts,
         &RewriteOptions::default(),
     )
     .unwrap();
-    assert!(!r.changed);
-    let reason = r.report[0].reason.as_deref().unwrap();
-    assert!(reason.contains("below the minimum"), "{reason}");
+    assert!(!small.changed);
+    let op = &small.report[0];
+    assert!(
+        op.reason
+            .as_deref()
+            .unwrap()
+            .contains("cost model predicts no gain on v5e"),
+        "{op:?}"
+    );
+    assert!(op.predicted_time.as_ref().is_some_and(|t| t.speedup < 1.0));
+
+    // 32 MiB of bf16: the model predicts a gain on v5e and on an H100 node.
+    let (big, counts) = psum_of(&[4096, 4096]);
+    for topology in ["v5e", "h100"] {
+        let mut o = RewriteOptions::default();
+        o.pass.topology = equarx::cost::Topology::parse(topology).unwrap();
+        let r = equarx::rewrite(big.clone(), counts, &o).unwrap();
+        let t = r.report[0].predicted_time.as_ref().unwrap();
+        assert!(
+            r.changed && t.speedup > 1.0,
+            "{topology}: {:?}",
+            r.report[0]
+        );
+    }
+
+    let threshold = RewriteOptions {
+        pass: Options {
+            min_payload_bytes: Some(1 << 20),
+            ..Options::default()
+        },
+        ..RewriteOptions::default()
+    };
+    let r = equarx::rewrite(loaded.module, loaded.counts, &threshold).unwrap();
+    assert!(
+        r.report[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("below the minimum")
+    );
 }
 
 #[test]

@@ -128,8 +128,16 @@ fn negatives() -> Vec<(Case, &'static str)> {
             "group size 1",
         ),
         (
-            case("below_threshold", p8(), RewriteOptions::default()),
+            case(
+                "below_threshold",
+                p8(),
+                opts(|o| o.min_payload_bytes = Some(1 << 20)),
+            ),
             "below the minimum",
+        ),
+        (
+            case("model_predicts_no_gain", p8(), RewriteOptions::default()),
+            "cost model predicts no gain",
         ),
         (
             Case {

@@ -19,7 +19,10 @@ mod ffi {
         block_size: u64,
         pipeline_depth: u64,
         bidirectional: bool,
-        min_payload_bytes: u64,
+        /// Negative: the cost model decides (for `topology`).
+        min_payload_bytes: i64,
+        /// The cost model's machine, e.g. `v5e` or `v5e:4x4`.
+        topology: String,
         /// `xla::PrimitiveType` numbers (BF16 = 16, F16 = 10, F32 = 11).
         element_types: Vec<i32>,
         bf16_scales: bool,
@@ -60,7 +63,10 @@ fn default_pass_options() -> PassOptions {
         block_size: o.block_size as u64,
         pipeline_depth: o.pipeline_depth as u64,
         bidirectional: o.bidirectional,
-        min_payload_bytes: o.min_payload_bytes,
+        min_payload_bytes: o
+            .min_payload_bytes
+            .map_or(-1, |m| i64::try_from(m).unwrap_or(i64::MAX)),
+        topology: o.topology.name.clone(),
         element_types: o.element_types.iter().map(|t| *t as i32).collect(),
         bf16_scales: o.scale_type == ScaleType::Bf16,
         gather_with_collective_permutes: o.gather == GatherForm::Permute,
@@ -91,7 +97,8 @@ fn to_options(o: &PassOptions) -> Result<crate::RewriteOptions, DoorError> {
         block_size: size(o.block_size, "block size")?,
         pipeline_depth: size(o.pipeline_depth, "pipeline depth")?,
         bidirectional: o.bidirectional,
-        min_payload_bytes: o.min_payload_bytes,
+        min_payload_bytes: u64::try_from(o.min_payload_bytes).ok(),
+        topology: crate::cost::Topology::parse(&o.topology).map_err(DoorError::Options)?,
         element_types,
         scale_type: if o.bf16_scales {
             ScaleType::Bf16

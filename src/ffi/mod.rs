@@ -24,6 +24,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use serde::Deserialize;
 
 use crate::io::{self, Format, FormatError};
+use crate::passes::quantized_all_reduce::parse_element_types;
 use crate::proto::PrimitiveType;
 use crate::{DeviceCounts, GatherForm, Options, RewriteOptions, ScaleType};
 
@@ -49,8 +50,8 @@ pub enum DoorError {
 /// misspelt option never goes unnoticed.
 ///
 /// ```json
-/// {"block_size": 128, "pipeline_depth": 2, "bidirectional": false,
-///  "min_payload_bytes": 1048576, "types": ["bf16"], "scale_type": "f32",
+/// {"block_size": 64, "pipeline_depth": 2, "bidirectional": true,
+///  "min_payload_bytes": null, "topology": "v5e", "types": ["bf16"], "scale_type": "bf16",
 ///  "gather": "all-gather", "replica_count": null, "num_partitions": null,
 ///  "disabled_passes": []}
 /// ```
@@ -60,7 +61,11 @@ pub struct JsonOptions {
     pub block_size: usize,
     pub pipeline_depth: usize,
     pub bidirectional: bool,
-    pub min_payload_bytes: u64,
+    /// `null` (the default): the cost model decides, for `topology`.
+    pub min_payload_bytes: Option<u64>,
+    /// The cost model's machine: `v5e`, `v6e`, `v5p`, `h100`, `h200`,
+    /// optionally with a slice shape (`v5e:4x4`).
+    pub topology: String,
     /// Element types to quantize: `bf16`, `f16`, `f32`.
     pub types: Vec<String>,
     pub scale_type: ScaleType,
@@ -79,6 +84,7 @@ impl Default for JsonOptions {
             pipeline_depth: o.pipeline_depth,
             bidirectional: o.bidirectional,
             min_payload_bytes: o.min_payload_bytes,
+            topology: o.topology.name.clone(),
             types: o.element_types.iter().map(|t| type_name(*t)).collect(),
             scale_type: o.scale_type,
             gather: o.gather,
@@ -98,30 +104,16 @@ fn type_name(t: PrimitiveType) -> String {
     }
 }
 
-fn parse_type(name: &str) -> Result<PrimitiveType, DoorError> {
-    match name {
-        "bf16" => Ok(PrimitiveType::Bf16),
-        "f16" => Ok(PrimitiveType::F16),
-        "f32" => Ok(PrimitiveType::F32),
-        other => Err(DoorError::Options(format!(
-            "types: {other:?} is not one of bf16, f16, f32"
-        ))),
-    }
-}
-
 impl JsonOptions {
     /// Checks and converts to the library's options.
     pub fn into_rewrite_options(self) -> Result<RewriteOptions, DoorError> {
-        let element_types = self
-            .types
-            .iter()
-            .map(|t| parse_type(t.trim()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let element_types = parse_element_types(&self.types).map_err(DoorError::Options)?;
         let pass = Options {
             block_size: self.block_size,
             pipeline_depth: self.pipeline_depth,
             bidirectional: self.bidirectional,
             min_payload_bytes: self.min_payload_bytes,
+            topology: crate::cost::Topology::parse(&self.topology).map_err(DoorError::Options)?,
             element_types,
             scale_type: self.scale_type,
             gather: self.gather,
@@ -134,26 +126,19 @@ impl JsonOptions {
     }
 }
 
-/// Validates assembled options: the pass's own checks plus the counts.
+/// Validates assembled options.
 fn checked(
     pass: Options,
     counts: DeviceCounts,
     disabled_passes: Vec<String>,
 ) -> Result<RewriteOptions, DoorError> {
-    pass.validate().map_err(DoorError::Options)?;
-    for (name, v) in [
-        ("replica_count", counts.replica_count),
-        ("num_partitions", counts.num_partitions),
-    ] {
-        if v.is_some_and(|v| v < 1) {
-            return Err(DoorError::Options(format!("{name} must be at least 1")));
-        }
-    }
-    Ok(RewriteOptions {
+    let options = RewriteOptions {
         pass,
         counts,
         disabled_passes,
-    })
+    };
+    options.validate().map_err(DoorError::Options)?;
+    Ok(options)
 }
 
 /// Parses the JSON options of the C ABI, Python and PJRT doors. An empty
@@ -247,7 +232,7 @@ mod tests {
         assert_eq!(o.pass.block_size, 64);
         assert_eq!(o.pass.pipeline_depth, 1);
         assert!(o.pass.bidirectional);
-        assert_eq!(o.pass.min_payload_bytes, 0);
+        assert_eq!(o.pass.min_payload_bytes, Some(0));
         assert_eq!(
             o.pass.element_types,
             vec![PrimitiveType::Bf16, PrimitiveType::F32]

@@ -162,6 +162,10 @@ pub struct Module {
     next_flat: i64,
     next_channel: i64,
     names: HashSet<String>,
+    /// Per base name, the suffix [`Module::fresh_name`] tries first: names
+    /// are never given back, so every smaller suffix is taken (keeps a
+    /// rewrite that names thousands of instructions linear, not quadratic).
+    next_suffix: HashMap<String, usize>,
 }
 
 impl Module {
@@ -190,6 +194,7 @@ impl Module {
             next_flat: 0,
             next_channel: 1,
             names: HashSet::new(),
+            next_suffix: HashMap::new(),
         };
         m.reindex_all();
         m
@@ -199,6 +204,7 @@ impl Module {
         self.comp_pos.clear();
         self.next_local.clear();
         self.names.clear();
+        self.next_suffix.clear();
         let mut max_flat = 0i64;
         let mut max_channel = 0i64;
         for (i, c) in self.comps.iter().enumerate() {
@@ -290,10 +296,11 @@ impl Module {
 
     /// `base.N` for the smallest N that no instruction of the module has.
     pub fn fresh_name(&mut self, base: &str) -> String {
-        let mut n = 0usize;
+        let mut n = self.next_suffix.get(base).copied().unwrap_or(0);
         loop {
             let candidate = format!("{base}.{n}");
             if self.names.insert(candidate.clone()) {
+                self.next_suffix.insert(base.to_string(), n + 1);
                 return candidate;
             }
             n += 1;

@@ -17,10 +17,14 @@ pub fn load(name: &str) -> HloModuleProto {
         .module
 }
 
+/// Test options: every eligible all-reduce is rewritten (small fixtures
+/// would not pay on a real machine), one lane, one way round the ring (the
+/// shortest text; the cases about lanes and directions set them).
 pub fn opts(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
     let mut o = Options {
-        min_payload_bytes: 0,
+        min_payload_bytes: Some(0),
         pipeline_depth: 1,
+        bidirectional: false,
         ..Options::default()
     };
     edit(&mut o);

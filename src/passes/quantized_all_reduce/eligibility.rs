@@ -98,10 +98,13 @@ pub fn examine(
         .filter(|o| o.2)
         .map(|o| shape::byte_size(&o.1).unwrap_or(u64::MAX))
         .fold(0u64, u64::saturating_add);
-    if !forced && payload_bytes < options.min_payload_bytes {
+    if let Some(min) = options
+        .min_payload_bytes
+        .filter(|&m| !forced && payload_bytes < m)
+    {
         return Err(SkipReason::BelowThreshold {
             bytes: payload_bytes,
-            min: options.min_payload_bytes,
+            min,
         });
     }
     Ok(Candidate {

@@ -48,6 +48,7 @@ use emit::{RingInputs, emit_ring};
 use plan::{RingPlan, ring_wire_bytes};
 
 use super::{Pass, PassError};
+use crate::cost::{Prediction, Topology, predict};
 use crate::io::DeviceCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::groups::{GroupMode, ReplicaGroups};
@@ -76,10 +77,12 @@ pub enum GatherForm {
 /// 1.28 % instead of 1.38 % relative RMS on Gaussian data and 3.7 % instead
 /// of 4.8 % on LLM-like activations whose outlier channels are 100x the rest
 /// (a large block lets one outlier flatten its neighbours). D = 2 lanes per
-/// direction give the scheduler a second chain to overlap; a one-way ring
-/// needs half the hops of a bidirectional one, which pays only where links
-/// are bidirectional and the payload is large. All-reduces under 1 MiB stay:
-/// their time is latency, not bytes.
+/// direction give the scheduler a second chain to overlap. The ring is
+/// bidirectional: on a torus, and against an XLA all-reduce that uses both
+/// directions of its links, a one-way ring has half the bandwidth and never
+/// pays (`equarx model`). Which all-reduces are worth it is the cost model's
+/// call ([`crate::cost`], TPU v5e unless told otherwise); a minimum payload
+/// replaces the model when given.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// Elements per quantization block (B).
@@ -88,8 +91,11 @@ pub struct Options {
     pub pipeline_depth: usize,
     /// Send half of every chunk each way round the ring.
     pub bidirectional: bool,
-    /// All-reduces with a smaller payload (bytes, in their own type) stay.
-    pub min_payload_bytes: u64,
+    /// All-reduces with a smaller payload (bytes, in their own type) stay;
+    /// `None`: the cost model decides, on [`Options::topology`].
+    pub min_payload_bytes: Option<u64>,
+    /// The machine the cost model predicts for.
+    pub topology: Topology,
     /// Element types that are quantized.
     pub element_types: Vec<PrimitiveType>,
     pub scale_type: ScaleType,
@@ -101,13 +107,32 @@ impl Default for Options {
         Options {
             block_size: 64,
             pipeline_depth: 2,
-            bidirectional: false,
-            min_payload_bytes: 1 << 20,
+            bidirectional: true,
+            min_payload_bytes: None,
+            topology: Topology::parse(DEFAULT_TOPOLOGY).unwrap_or_else(|e| unreachable!("{e}")),
             element_types: vec![PrimitiveType::Bf16],
             scale_type: ScaleType::Bf16,
             gather: GatherForm::AllGather,
         }
     }
+}
+
+/// The topology the cost model assumes unless told: the paper's TPU.
+pub const DEFAULT_TOPOLOGY: &str = "v5e";
+
+/// The element types that can be quantized, by their HLO names.
+pub fn parse_element_types<S: AsRef<str>>(names: &[S]) -> Result<Vec<PrimitiveType>, String> {
+    names
+        .iter()
+        .map(|n| match n.as_ref().trim() {
+            "bf16" => Ok(PrimitiveType::Bf16),
+            "f16" => Ok(PrimitiveType::F16),
+            "f32" => Ok(PrimitiveType::F32),
+            other => Err(format!(
+                "element type {other:?} is not one of bf16, f16, f32"
+            )),
+        })
+        .collect()
 }
 
 /// Largest accepted block size and pipeline depth: far beyond any useful
@@ -140,7 +165,7 @@ impl Options {
 }
 
 /// Why an all-reduce was left as it is.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SkipReason {
     #[error("not an all-reduce")]
     NotAllReduce,
@@ -183,6 +208,16 @@ pub enum SkipReason {
         "padding to P·L·B makes the quantized ring send {after} bytes, not fewer than {before}"
     )]
     NoGain { before: u64, after: u64 },
+    #[error(
+        "the cost model predicts no gain on {topology}: {speedup:.2}x (bf16 ring {bf16_us:.1} us, \
+         equarx {equarx_us:.1} us; a model, see --topology, or force with --min-payload)"
+    )]
+    NotFaster {
+        topology: String,
+        speedup: f64,
+        bf16_us: f64,
+        equarx_us: f64,
+    },
     #[error("payload too large to index with s32")]
     TooLarge,
 }
@@ -211,7 +246,18 @@ pub struct OpReport {
     pub wire_bytes_after: Option<u64>,
     /// Predicted relative RMS error against the exact sum (Gaussian data).
     pub predicted_rel_rms: Option<f64>,
+    /// The cost model's times (a model, not a measurement).
+    pub predicted_time: Option<PredictedTime>,
     pub plan: Option<PlanSummary>,
+}
+
+/// The cost model's view of one rewrite.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PredictedTime {
+    pub topology: String,
+    pub bf16_us: f64,
+    pub equarx_us: f64,
+    pub speedup: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -290,10 +336,24 @@ impl Pass for QuantizedAllReduce {
                         .and_then(|c| plan_for(&c, &self.options).map(|p| (c, p)));
                 match decision {
                     Err(reason) => {
+                        if let SkipReason::NotFaster {
+                            topology,
+                            speedup,
+                            bf16_us,
+                            equarx_us,
+                        } = &reason
+                        {
+                            entry.predicted_time = Some(PredictedTime {
+                                topology: topology.clone(),
+                                bf16_us: *bf16_us,
+                                equarx_us: *equarx_us,
+                                speedup: *speedup,
+                            });
+                        }
                         entry.reason = Some(reason.to_string());
                         self.report.push(entry);
                     }
-                    Ok((candidate, plan)) => {
+                    Ok((candidate, (plan, prediction))) => {
                         let reducer = *max_f32.get_or_insert_with(|| {
                             module.add_scalar_reducer(
                                 "equarx_max_f32",
@@ -303,6 +363,12 @@ impl Pass for QuantizedAllReduce {
                         });
                         let emitted = rewrite(module, &candidate, &plan, &self.options, reducer)?;
                         fill_rewritten(&mut entry, &candidate, &plan, &emitted);
+                        entry.predicted_time = prediction.map(|p| PredictedTime {
+                            topology: self.options.topology.name.clone(),
+                            bf16_us: p.bf16_us,
+                            equarx_us: p.equarx_us,
+                            speedup: p.speedup(),
+                        });
                         self.report.push(entry);
                         changed = true;
                     }
@@ -317,8 +383,12 @@ fn fail(message: impl Into<String>) -> PassError {
     PassError::Failed(message.into())
 }
 
-/// The ring plan, or why the ring would not pay.
-fn plan_for(c: &Candidate, options: &Options) -> Result<RingPlan, SkipReason> {
+/// The ring plan, or why the ring would not pay: with a minimum payload,
+/// the bytes must shrink; without one, the cost model must predict a gain.
+fn plan_for(
+    c: &Candidate,
+    options: &Options,
+) -> Result<(RingPlan, Option<Prediction>), SkipReason> {
     let elements: usize = c
         .operands
         .iter()
@@ -333,7 +403,23 @@ fn plan_for(c: &Candidate, options: &Options) -> Result<RingPlan, SkipReason> {
             after: plan.wire_bytes(),
         });
     }
-    Ok(plan)
+    let elem_bytes = c.payload_bytes / elements.max(1) as u64;
+    let prediction = predict(
+        &options.topology,
+        &plan,
+        c.payload_bytes,
+        elem_bytes,
+        options.bidirectional,
+    );
+    if options.min_payload_bytes.is_none() && !c.forced && prediction.speedup() < 1.0 {
+        return Err(SkipReason::NotFaster {
+            topology: options.topology.name.clone(),
+            speedup: prediction.speedup(),
+            bf16_us: prediction.bf16_us,
+            equarx_us: prediction.equarx_us,
+        });
+    }
+    Ok((plan, Some(prediction)))
 }
 
 /// The report fields known before deciding.
@@ -347,6 +433,12 @@ fn describe(comp: &str, instr: &HloInstructionProto, c: &crate::ir::Computation)
         .collect();
     types.dedup();
     let groups = ReplicaGroups::of(instr).ok();
+    let payload_bytes = instr
+        .operand_ids
+        .iter()
+        .filter_map(|&o| c.get(InstrId(o)).and_then(|o| o.shape.as_ref()))
+        .filter_map(shape::byte_size)
+        .fold(0u64, u64::saturating_add);
     OpReport {
         name: instr.name.clone(),
         computation: comp.to_string(),
@@ -361,10 +453,11 @@ fn describe(comp: &str, instr: &HloInstructionProto, c: &crate::ir::Computation)
             .to_string(),
         rewritten: false,
         reason: None,
-        payload_bytes: 0,
+        payload_bytes,
         wire_bytes_before: None,
         wire_bytes_after: None,
         predicted_rel_rms: None,
+        predicted_time: None,
         plan: None,
     }
 }
