@@ -24,9 +24,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("xla_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    prost_build::Config::new()
-        .btree_map(["."])
-        .compile_fds(fds)?;
+    // Box the rarely-set message fields of an instruction: unboxed, prost
+    // makes every HloInstructionProto 4.7 KB, and a rewrite that emits a
+    // hundred thousand instructions spends its time moving them.
+    let boxed = [
+        "literal",
+        "window",
+        "convolution_dimension_numbers",
+        "padding_config",
+        "outfeed_shape",
+        "dot_dimension_numbers",
+        "ragged_dot_dimension_numbers",
+        "gather_dimension_numbers",
+        "sharding",
+        "backend_config_payload",
+        "scatter_dimension_numbers",
+        "precision_config",
+        "domain_entry_sharding",
+        "domain_exit_sharding",
+        "triangular_solve_options",
+        "cholesky_options",
+        "parameter_replication",
+        "frontend_attributes",
+        "statistics_viz",
+        "original_value",
+        "result_accuracy",
+        "sparsity_config",
+        "collective_device_list",
+        "iota_collective_device_list",
+        "mesh_axes_replica_group_list",
+    ];
+    let mut config = prost_build::Config::new();
+    for field in boxed {
+        config.boxed(format!(".xla.HloInstructionProto.{field}"));
+    }
+    config.btree_map(["."]).compile_fds(fds)?;
 
     cxx_build::bridge("src/ffi/bridge.rs")
         .std("c++17")

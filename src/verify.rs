@@ -7,10 +7,10 @@
 //! graph, shapes of the ops equarx models (see [`crate::ir::infer`]), and a
 //! schedule that orders exactly each computation's instructions.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::ir::{Computation, Module, infer, shape};
-use crate::proto::HloInstructionProto;
+use crate::proto::{HloInstructionProto, LiteralProto, ShapeProto};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VerifyError {
@@ -66,11 +66,23 @@ pub enum VerifyError {
         instr: String,
         message: String,
     },
+    #[error("{comp}/{instr}: {what} nested more than {MAX_NESTING} levels deep")]
+    TooDeep {
+        comp: String,
+        instr: String,
+        what: &'static str,
+    },
     #[error("schedule names computation id {0}, which does not exist")]
     ScheduleUnknownComputation(i64),
     #[error("schedule of {comp}: {message}")]
     BadSchedule { comp: String, message: String },
 }
+
+/// Deepest nesting of tuple shapes and tuple literals a module may have:
+/// far beyond real programs (the proto decoder stops at 100 message levels
+/// in all), and shallow enough that equarx's recursive shape and literal
+/// helpers never exhaust a thread's stack, whoever built the module.
+pub const MAX_NESTING: usize = 100;
 
 /// Checks `module`; the first problem found is the error.
 pub fn verify(module: &Module) -> Result<(), VerifyError> {
@@ -78,7 +90,9 @@ pub fn verify(module: &Module) -> Result<(), VerifyError> {
     if comps.is_empty() {
         return Err(VerifyError::NoComputations);
     }
-    let mut comp_names: HashMap<i64, &str> = HashMap::new();
+    // First, before any recursive helper sees a shape.
+    verify_nesting(module)?;
+    let mut comp_names: HashMap<i64, &str> = HashMap::default();
     for c in comps {
         if let Some(first) = comp_names.insert(c.id().0, c.name()) {
             return Err(VerifyError::DuplicateComputationId {
@@ -92,8 +106,8 @@ pub fn verify(module: &Module) -> Result<(), VerifyError> {
         return Err(VerifyError::MissingEntry(module.entry_id().0));
     }
 
-    let mut ids: HashMap<i64, &str> = HashMap::new();
-    let mut names: HashSet<&str> = HashSet::new();
+    let mut ids: HashMap<i64, &str> = HashMap::default();
+    let mut names: HashSet<&str> = HashSet::default();
     for c in comps {
         for i in c.instructions() {
             if let Some(first) = ids.insert(i.id, &i.name) {
@@ -116,6 +130,56 @@ pub fn verify(module: &Module) -> Result<(), VerifyError> {
     verify_schedule(module)
 }
 
+/// Every shape and literal is at most [`MAX_NESTING`] levels deep (checked
+/// without recursion).
+fn verify_nesting(module: &Module) -> Result<(), VerifyError> {
+    fn shape_ok(s: &ShapeProto) -> bool {
+        let mut stack = vec![(s, 0usize)];
+        while let Some((s, depth)) = stack.pop() {
+            if depth > MAX_NESTING {
+                return false;
+            }
+            stack.extend(s.tuple_shapes.iter().map(|t| (t, depth + 1)));
+        }
+        true
+    }
+    fn literal_ok(l: &LiteralProto) -> bool {
+        let mut stack = vec![(l, 0usize)];
+        while let Some((l, depth)) = stack.pop() {
+            if depth > MAX_NESTING || !l.shape.as_ref().is_none_or(shape_ok) {
+                return false;
+            }
+            stack.extend(l.tuple_literals.iter().map(|t| (t, depth + 1)));
+        }
+        true
+    }
+    let too_deep = |comp: &str, instr: &str, what| VerifyError::TooDeep {
+        comp: comp.to_string(),
+        instr: instr.to_string(),
+        what,
+    };
+    let header = module.header();
+    let host = header.host_program_shape.as_ref();
+    if host.is_some_and(|p| !p.parameters.iter().chain(&p.result).all(shape_ok)) {
+        return Err(too_deep("module", "host_program_shape", "a shape"));
+    }
+    for c in module.computations() {
+        let program = c.header().program_shape.as_ref();
+        if program.is_some_and(|p| !p.parameters.iter().chain(&p.result).all(shape_ok)) {
+            return Err(too_deep(c.name(), "program_shape", "a shape"));
+        }
+        for i in c.instructions() {
+            if !i.shape.as_ref().is_none_or(shape_ok) {
+                return Err(too_deep(c.name(), &i.name, "its shape"));
+            }
+            if !i.literal.as_ref().is_none_or(|l| literal_ok(l)) {
+                return Err(too_deep(c.name(), &i.name, "its literal"));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(), VerifyError> {
     let comp = || c.name().to_string();
     if !c.contains(c.root_id()) {
@@ -124,7 +188,7 @@ fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(),
             root: c.root_id().0,
         });
     }
-    let mut seen: HashMap<i64, &HloInstructionProto> = HashMap::new();
+    let mut seen: HashMap<i64, &HloInstructionProto> = HashMap::default();
     for instr in c.instructions() {
         let at = || (comp(), instr.name.clone());
         for &op in &instr.operand_ids {
@@ -305,7 +369,7 @@ fn verify_schedule(module: &Module) -> Result<(), VerifyError> {
                 c.instructions().len()
             )));
         }
-        let mut done: HashSet<i64> = HashSet::new();
+        let mut done: HashSet<i64> = HashSet::default();
         for &id in seq {
             let instr = c
                 .get(crate::ir::InstrId(id))

@@ -261,7 +261,11 @@ fn good_module_parses() {
     let p = parse_ok(GOOD, "GOOD");
     assert_eq!(p.proto.computations.len(), 2);
     assert_eq!(p.proto.entry_computation_name, "main");
-    assert_eq!(p.counts, DeviceCounts::default());
+    let one = DeviceCounts {
+        replica_count: Some(1),
+        num_partitions: Some(1),
+    };
+    assert_eq!(p.counts, one, "no counts in the header: one of each");
 }
 
 /// Broken inputs: each gives an error at the expected line and column, with
@@ -537,7 +541,12 @@ fn header_counts_feed_parsed_counts() {
             num_partitions: Some(4)
         }
     );
-    assert_eq!(parse_ok(GOOD, "no counts").counts, DeviceCounts::default());
+    // A header without counts means one replica and one partition, as in XLA.
+    let one = DeviceCounts {
+        replica_count: Some(1),
+        num_partitions: Some(1),
+    };
+    assert_eq!(parse_ok(GOOD, "no counts").counts, one);
     // The dumps print the module config: num_partitions=8, replicas left at 1.
     for t in xla_texts()
         .iter()
@@ -547,7 +556,7 @@ fn header_counts_feed_parsed_counts() {
         assert_eq!(
             p.counts,
             DeviceCounts {
-                replica_count: None,
+                replica_count: Some(1),
                 num_partitions: Some(8)
             },
             "{}",

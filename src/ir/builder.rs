@@ -2,7 +2,8 @@
 //! layouts) filled in by [`super::infer`].
 //!
 //! Instructions are collected in emission order (operands before users) and
-//! spliced in front of an anchor instruction by [`Builder::insert_before`].
+//! handed back by [`Builder::finish`], for the caller to place (see
+//! [`super::Edits`]).
 //! A builder never panics on a malformed request: the first inconsistency is
 //! remembered and returned when the instructions are inserted.
 
@@ -45,7 +46,8 @@ impl<'m> Builder<'m> {
         Builder {
             module,
             comp,
-            out: Vec::new(),
+            // A ring emits about a thousand instructions: grow in few steps.
+            out: Vec::with_capacity(1024),
             metadata,
             error: None,
         }
@@ -64,14 +66,13 @@ impl<'m> Builder<'m> {
         self.out.is_empty()
     }
 
-    /// Splices the emitted instructions in front of `anchor`.
-    pub fn insert_before(self, anchor: InstrId) -> Result<Vec<InstrId>, String> {
-        if let Some(e) = self.error {
-            return Err(e);
+    /// The emitted instructions, operands before users; the first
+    /// inconsistency met while emitting is the error.
+    pub fn finish(self) -> Result<Vec<HloInstructionProto>, String> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.out),
         }
-        let ids = self.out.iter().map(|i| InstrId(i.id)).collect();
-        self.module.insert_before(self.comp, anchor, self.out);
-        Ok(ids)
     }
 
     /// Adds `instr` (opcode and attributes set; shape set where the result
@@ -140,7 +141,7 @@ impl<'m> Builder<'m> {
     pub fn constant(&mut self, literal: LiteralProto) -> Value {
         let shape = literal.shape.clone().unwrap_or_default();
         let mut i = Self::op_with_shape("constant", shape);
-        i.literal = Some(literal);
+        i.literal = Some(Box::new(literal));
         self.add(i, &[])
     }
 
@@ -328,7 +329,7 @@ impl<'m> Builder<'m> {
     /// Edge padding only: `(low, high)` per dimension.
     pub fn pad(&mut self, x: &Value, value: &Value, edges: &[(i64, i64)]) -> Value {
         let mut i = Self::op("pad");
-        i.padding_config = Some(PaddingConfig {
+        i.padding_config = Some(Box::new(PaddingConfig {
             dimensions: edges
                 .iter()
                 .map(|&(lo, hi)| PaddingConfigDimension {
@@ -337,7 +338,7 @@ impl<'m> Builder<'m> {
                     interior_padding: 0,
                 })
                 .collect(),
-        });
+        }));
         self.add(i, &[x, value])
     }
 

@@ -14,7 +14,9 @@ pub mod groups;
 pub mod infer;
 pub mod shape;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::proto::hlo_schedule_proto::InstructionSequence;
 use crate::proto::{
@@ -53,7 +55,7 @@ impl Computation {
         let mut c = Computation {
             header,
             instrs,
-            pos: HashMap::new(),
+            pos: HashMap::default(),
         };
         c.reindex();
         c
@@ -110,7 +112,7 @@ impl Computation {
     /// Users of every instruction (operand edges only), each list in
     /// instruction order without repeats.
     pub fn users(&self) -> HashMap<InstrId, Vec<InstrId>> {
-        let mut users: HashMap<InstrId, Vec<InstrId>> = HashMap::new();
+        let mut users: HashMap<InstrId, Vec<InstrId>> = HashMap::default();
         for instr in &self.instrs {
             for &op in &instr.operand_ids {
                 let list = users.entry(InstrId(op)).or_default();
@@ -122,23 +124,6 @@ impl Computation {
         users
     }
 
-    /// Makes every use of `old` (operands and the root) a use of `new`.
-    pub fn replace_all_uses(&mut self, old: InstrId, new: InstrId) {
-        for instr in &mut self.instrs {
-            if instr.id == new.0 {
-                continue;
-            }
-            for op in &mut instr.operand_ids {
-                if *op == old.0 {
-                    *op = new.0;
-                }
-            }
-        }
-        if self.header.root_id == old.0 {
-            self.header.root_id = new.0;
-        }
-    }
-
     fn into_proto(mut self) -> HloComputationProto {
         self.header.instructions = self.instrs;
         self.header
@@ -148,6 +133,25 @@ impl Computation {
         let mut header = self.header.clone();
         header.instructions = self.instrs.clone();
         header
+    }
+}
+
+/// Edits to one computation, applied together by [`Module::apply`].
+#[derive(Debug, Default)]
+pub struct Edits {
+    /// New instructions (operands before users) to place just before an
+    /// existing one.
+    pub insert_before: HashMap<InstrId, Vec<HloInstructionProto>>,
+    /// Every use of the key (operands and the root) becomes a use of the
+    /// value.
+    pub replace: HashMap<InstrId, InstrId>,
+    /// Instructions to drop; nothing may use them after the replacements.
+    pub remove: HashSet<InstrId>,
+}
+
+impl Edits {
+    pub fn is_empty(&self) -> bool {
+        self.insert_before.is_empty() && self.replace.is_empty() && self.remove.is_empty()
     }
 }
 
@@ -184,17 +188,17 @@ impl Module {
         let mut m = Module {
             header: proto,
             comps,
-            comp_pos: HashMap::new(),
+            comp_pos: HashMap::default(),
             scheme: if packed {
                 IdScheme::Packed
             } else {
                 IdScheme::Flat
             },
-            next_local: HashMap::new(),
+            next_local: HashMap::default(),
             next_flat: 0,
             next_channel: 1,
-            names: HashSet::new(),
-            next_suffix: HashMap::new(),
+            names: HashSet::default(),
+            next_suffix: HashMap::default(),
         };
         m.reindex_all();
         m
@@ -300,45 +304,73 @@ impl Module {
         loop {
             let candidate = format!("{base}.{n}");
             if self.names.insert(candidate.clone()) {
-                self.next_suffix.insert(base.to_string(), n + 1);
+                match self.next_suffix.get_mut(base) {
+                    Some(next) => *next = n + 1,
+                    None => {
+                        self.next_suffix.insert(base.to_string(), n + 1);
+                    }
+                }
                 return candidate;
             }
             n += 1;
         }
     }
 
-    /// Inserts `instrs` (operands before users) into `comp` just before
-    /// `anchor`, in the instruction list and in the schedule.
-    pub fn insert_before(
-        &mut self,
-        comp: CompId,
-        anchor: InstrId,
-        instrs: Vec<HloInstructionProto>,
-    ) {
-        let ids: Vec<i64> = instrs.iter().map(|i| i.id).collect();
-        let c = self
-            .computation_mut(comp)
-            .expect("insert_before: computation exists");
-        let at = c.position(anchor).expect("insert_before: anchor exists");
-        c.instrs.splice(at..at, instrs);
-        c.reindex();
-        if let Some(seq) = self.sequence_mut(comp) {
-            let at = seq.iter().position(|&i| i == anchor.0).unwrap_or(seq.len());
-            seq.splice(at..at, ids);
+    /// Applies a batch of edits to `comp` in one pass over its instructions
+    /// (and its schedule): a pass that rewrites many ops of a large
+    /// computation pays for the computation once, not once per op.
+    pub fn apply(&mut self, comp: CompId, edits: Edits) {
+        if edits.is_empty() {
+            return;
         }
-    }
-
-    /// Removes instructions from `comp` (and from its schedule). The caller
-    /// has made sure nothing uses them any more.
-    pub fn remove(&mut self, comp: CompId, ids: &[InstrId]) {
-        let gone: HashSet<i64> = ids.iter().map(|i| i.0).collect();
-        let c = self
-            .computation_mut(comp)
-            .expect("remove: computation exists");
-        c.instrs.retain(|i| !gone.contains(&i.id));
+        let Edits {
+            mut insert_before,
+            replace,
+            remove,
+        } = edits;
+        let resolve = |mut id: i64| {
+            // Replacements may chain (a get-tuple-element forwarded to a
+            // tuple element); follow them, bounded against cycles.
+            for _ in 0..16 {
+                match replace.get(&InstrId(id)) {
+                    Some(next) => id = next.0,
+                    None => break,
+                }
+            }
+            id
+        };
+        let Some(c) = self.computation_mut(comp) else {
+            return;
+        };
+        let old = std::mem::take(&mut c.instrs);
+        let mut new =
+            Vec::with_capacity(old.len() + insert_before.values().map(Vec::len).sum::<usize>());
+        let mut inserted_before: HashMap<i64, Vec<i64>> = HashMap::default();
+        for mut instr in old {
+            let id = InstrId(instr.id);
+            if let Some(batch) = insert_before.remove(&id) {
+                inserted_before.insert(id.0, batch.iter().map(|i| i.id).collect());
+                new.extend(batch);
+            }
+            if remove.contains(&id) {
+                continue;
+            }
+            instr.operand_ids.iter_mut().for_each(|o| *o = resolve(*o));
+            new.push(instr);
+        }
+        c.instrs = new;
+        c.header.root_id = resolve(c.header.root_id);
         c.reindex();
         if let Some(seq) = self.sequence_mut(comp) {
-            seq.retain(|i| !gone.contains(i));
+            let old = std::mem::take(seq);
+            for id in old {
+                if let Some(batch) = inserted_before.remove(&id) {
+                    seq.extend(batch);
+                }
+                if !remove.contains(&InstrId(id)) {
+                    seq.push(id);
+                }
+            }
         }
     }
 

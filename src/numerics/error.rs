@@ -29,8 +29,24 @@ pub fn ring_rel_rms(p: usize, crest_sq: f64) -> f64 {
     (crest_sq * (p as f64 + 1.0) / (24.0 * q * q)).sqrt()
 }
 
-/// κ² = E[max of `block` |N(0,1)|²]: the crest factor of Gaussian blocks.
+/// κ² = E[max of `block` |N(0,1)|²]: the crest factor of Gaussian blocks
+/// (computed once per block size).
 pub fn gaussian_crest_sq(block: usize) -> f64 {
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock};
+    static MEMO: OnceLock<Mutex<BTreeMap<usize, f64>>> = OnceLock::new();
+    let memo = MEMO.get_or_init(Default::default);
+    if let Some(&k) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&block) {
+        return k;
+    }
+    let k = gaussian_crest_sq_uncached(block);
+    memo.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(block, k);
+    k
+}
+
+fn gaussian_crest_sq_uncached(block: usize) -> f64 {
     // E[M²] = ∫ 2m · P(M > m) dm with P(M ≤ m) = erf(m/√2)^B.
     let b = block.max(1) as i32;
     let h = 1e-3;

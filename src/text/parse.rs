@@ -47,7 +47,8 @@
 //! version, ...), checked field by field against XLA by `tests/text_parse.rs`.
 //! What XLA's parser reads but cannot carry in a bare `HloModuleProto` (the
 //! `allow_spmd_*` and `alias_passthrough_params` config flags) is dropped;
-//! `replica_count` and `num_partitions` go to [`ParsedText::counts`].
+//! `replica_count` and `num_partitions` go to [`ParsedText::counts`] (1 when
+//! the header does not say, as in XLA).
 //!
 //! Not read (an error says so): XLA's async syntax sugar (`fusion-start`,
 //! ...), nested (inline) computations and instructions, instructions without
@@ -73,16 +74,14 @@ use crate::proto::hlo_schedule_proto::InstructionSequence;
 use crate::proto::stack_frame_index_proto::{FileLocation, StackFrame};
 use crate::proto::{
     AxisRefProto, CholeskyOptions, CollectiveDeviceListProto, ConvolutionDimensionNumbers,
-    DotDimensionNumbers, FrontendAttributes, GatherDimensionNumbers, HloBufferDonorProto,
-    HloComputationProto, HloInputOutputAliasProto, HloInstructionProto, HloModuleProto,
-    HloScheduleProto, IotaReplicaGroupListProto, LayoutProto, LiteralProto,
-    MeshAxesReplicaGroupListProto, MeshProto, OpMetadata, OpSharding, OriginalArrayProto,
-    OriginalValueElementProto, OriginalValueProto, OutputOperandAliasing, PaddingConfig,
-    ParameterReplication, PrecisionConfig, PrimitiveType, ProgramShapeProto,
-    RaggedDotDimensionNumbers, ReplicaGroup, ResultAccuracy, ScatterDimensionNumbers, ShapeProto,
-    SourceTarget, SplitConfigProto, StackFrameIndexProto, Statistic, StatisticsViz, TileProto,
-    TriangularSolveOptions, Window, WindowDimension, axis_ref_proto, mesh_proto, op_sharding,
-    padding_config, result_accuracy,
+    DotDimensionNumbers, FrontendAttributes, HloBufferDonorProto, HloComputationProto,
+    HloInputOutputAliasProto, HloInstructionProto, HloModuleProto, HloScheduleProto,
+    IotaReplicaGroupListProto, LayoutProto, LiteralProto, MeshAxesReplicaGroupListProto, MeshProto,
+    OpMetadata, OpSharding, OriginalArrayProto, OriginalValueElementProto, OriginalValueProto,
+    OutputOperandAliasing, PaddingConfig, ParameterReplication, PrecisionConfig, PrimitiveType,
+    ProgramShapeProto, ReplicaGroup, ResultAccuracy, ShapeProto, SourceTarget, SplitConfigProto,
+    StackFrameIndexProto, Statistic, StatisticsViz, TileProto, Window, WindowDimension,
+    axis_ref_proto, mesh_proto, op_sharding, padding_config, result_accuracy,
 };
 
 /// Deepest nesting of tuple shapes, tuple literals and tuple shardings.
@@ -1278,7 +1277,7 @@ impl<'a> Parser<'a> {
             "constant" => {
                 self.expect_sym('(', "before the constant's value")?;
                 let shape = ins.proto.shape.clone().unwrap_or_default();
-                ins.proto.literal = Some(self.literal(&shape)?);
+                ins.proto.literal = Some(Box::new(self.literal(&shape)?));
                 self.expect_sym(')', "after the constant's value")?;
             }
             _ => self.operands(&mut ins, comp)?,
@@ -1376,31 +1375,48 @@ impl<'a> Parser<'a> {
         };
         match p.opcode.as_str() {
             "dot" => {
-                p.dot_dimension_numbers.get_or_insert_with(Default::default);
-                p.precision_config = Some(precision(n, &ins.operand_precision, ins.algorithm));
+                p.dot_dimension_numbers.get_or_insert_with(Box::default);
+                p.precision_config = Some(Box::new(precision(
+                    n,
+                    &ins.operand_precision,
+                    ins.algorithm,
+                )));
             }
             "ragged-dot" => {
                 let r = p
                     .ragged_dot_dimension_numbers
-                    .get_or_insert_with(Default::default);
-                r.dot_dimension_numbers.get_or_insert_with(Default::default);
-                p.precision_config = Some(precision(2, &ins.operand_precision, ins.algorithm));
+                    .get_or_insert_with(Box::default);
+                r.dot_dimension_numbers
+                    .get_or_insert_with(DotDimensionNumbers::default);
+                p.precision_config = Some(Box::new(precision(
+                    2,
+                    &ins.operand_precision,
+                    ins.algorithm,
+                )));
             }
             "scaled-dot" => {
-                p.dot_dimension_numbers.get_or_insert_with(Default::default);
-                p.precision_config = Some(precision(2, &ins.operand_precision, ins.algorithm));
+                p.dot_dimension_numbers.get_or_insert_with(Box::default);
+                p.precision_config = Some(Box::new(precision(
+                    2,
+                    &ins.operand_precision,
+                    ins.algorithm,
+                )));
             }
             "convolution" => {
-                p.window.get_or_insert_with(Default::default);
+                p.window.get_or_insert_with(Box::default);
                 // XLA's convolutions always carry a (here empty) sparsity config.
-                p.sparsity_config.get_or_insert_with(Default::default);
+                p.sparsity_config.get_or_insert_with(Box::default);
                 if !seen("feature_group_count") {
                     p.feature_group_count = 1;
                 }
                 if !seen("batch_group_count") {
                     p.batch_group_count = 1;
                 }
-                p.precision_config = Some(precision(n, &ins.operand_precision, ins.algorithm));
+                p.precision_config = Some(Box::new(precision(
+                    n,
+                    &ins.operand_precision,
+                    ins.algorithm,
+                )));
             }
             "custom-call" => {
                 if !seen("feature_group_count") {
@@ -1412,10 +1428,14 @@ impl<'a> Parser<'a> {
                 if !seen("api_version") {
                     p.custom_call_api_version = 1; // API_VERSION_ORIGINAL
                 }
-                p.precision_config = Some(precision(n, &ins.operand_precision, ins.algorithm));
+                p.precision_config = Some(Box::new(precision(
+                    n,
+                    &ins.operand_precision,
+                    ins.algorithm,
+                )));
             }
             "reduce-window" | "select-and-scatter" => {
-                p.window.get_or_insert_with(Default::default);
+                p.window.get_or_insert_with(Box::default);
             }
             "compare" if !seen("type") => {
                 let ty = ins.operand_shapes.first().map_or(0, |s| s.element_type);
@@ -1436,7 +1456,7 @@ impl<'a> Parser<'a> {
         }
         if p.sharding.is_some() {
             if let (Some(s), Some(sh)) = (p.sharding.take(), p.shape.as_ref()) {
-                p.sharding = Some(normalize_tuple_sharding(s, sh));
+                p.sharding = Some(Box::new(normalize_tuple_sharding(*s, sh)));
             }
         }
         let take = |calls: &mut Vec<(String, Vec<(String, usize)>)>, key: &str| {
@@ -1549,8 +1569,10 @@ impl<'a> Parser<'a> {
         let p = &mut ins.proto;
         match key.as_str() {
             // Attributes of every instruction.
-            "sharding" => p.sharding = Some(self.sharding()?),
-            "frontend_attributes" => p.frontend_attributes = Some(self.frontend_attributes()?),
+            "sharding" => p.sharding = Some(Box::new(self.sharding()?)),
+            "frontend_attributes" => {
+                p.frontend_attributes = Some(Box::new(self.frontend_attributes()?))
+            }
             "metadata" => p.metadata = Some(self.metadata()?),
             "backend_config" => p.backend_config = self.string_or_dict("a backend config")?,
             "control-predecessors" => {
@@ -1568,13 +1590,13 @@ impl<'a> Parser<'a> {
                         })
                 })?;
             }
-            "statistics" => p.statistics_viz = Some(self.statistics()?),
-            "origin" => p.original_value = Some(self.original_value()?),
-            "result_accuracy" => p.result_accuracy = Some(self.result_accuracy()?),
+            "statistics" => p.statistics_viz = Some(Box::new(self.statistics()?)),
+            "origin" => p.original_value = Some(Box::new(self.original_value()?)),
+            "result_accuracy" => p.result_accuracy = Some(Box::new(self.result_accuracy()?)),
             "parameter_replication" => {
-                p.parameter_replication = Some(ParameterReplication {
+                p.parameter_replication = Some(Box::new(ParameterReplication {
                     replicated_at_leaf_buffers: self.list('{', '}', &key, |q| q.bool("a leaf"))?,
-                });
+                }));
             }
             // Called computations; ordered in `finish_instruction`.
             "to_apply" | "condition" | "body" | "select" | "scatter" | "true_computation"
@@ -1629,7 +1651,7 @@ impl<'a> Parser<'a> {
                     p.gather_slice_sizes = self.int_list(&key)?;
                 }
             }
-            "padding" => p.padding_config = Some(self.padding_config()?),
+            "padding" => p.padding_config = Some(Box::new(self.padding_config()?)),
             "is_stable" => p.is_stable = self.bool(&key)?,
             "direction" => {
                 let (d, at) = self.ident("a comparison direction")?;
@@ -1657,12 +1679,11 @@ impl<'a> Parser<'a> {
                 let v = self.int_list(&key)?;
                 let d = if op == "ragged-dot" {
                     p.ragged_dot_dimension_numbers
-                        .get_or_insert_with(Default::default)
+                        .get_or_insert_with(Box::default)
                         .dot_dimension_numbers
-                        .get_or_insert_with(Default::default)
-                } else {
-                    p.dot_dimension_numbers
                         .get_or_insert_with(DotDimensionNumbers::default)
+                } else {
+                    p.dot_dimension_numbers.get_or_insert_with(Box::default)
                 };
                 match key.as_str() {
                     "lhs_batch_dims" => d.lhs_batch_dimensions = v,
@@ -1675,7 +1696,7 @@ impl<'a> Parser<'a> {
                 let v = self.int_list(&key)?;
                 let r = p
                     .ragged_dot_dimension_numbers
-                    .get_or_insert_with(RaggedDotDimensionNumbers::default);
+                    .get_or_insert_with(Box::default);
                 if key == "lhs_ragged_dims" {
                     r.lhs_ragged_dimensions = v;
                 } else {
@@ -1716,8 +1737,8 @@ impl<'a> Parser<'a> {
                 }
             }
             // convolution (and convolution-like custom calls).
-            "window" => p.window = Some(self.window()?),
-            "dim_labels" => p.convolution_dimension_numbers = Some(self.dim_labels()?),
+            "window" => p.window = Some(Box::new(self.window()?)),
+            "dim_labels" => p.convolution_dimension_numbers = Some(Box::new(self.dim_labels()?)),
             "feature_group_count" => p.feature_group_count = self.int(&key)?,
             "batch_group_count" => p.batch_group_count = self.int(&key)?,
             "conv_kind" => {
@@ -1737,9 +1758,7 @@ impl<'a> Parser<'a> {
             | "operand_batching_dims"
             | "start_indices_batching_dims" => {
                 let v = self.int_list(&key)?;
-                let g = p
-                    .gather_dimension_numbers
-                    .get_or_insert_with(GatherDimensionNumbers::default);
+                let g = p.gather_dimension_numbers.get_or_insert_with(Box::default);
                 match key.as_str() {
                     "offset_dims" => g.offset_dims = v,
                     "collapsed_slice_dims" => g.collapsed_slice_dims = v,
@@ -1754,9 +1773,7 @@ impl<'a> Parser<'a> {
             | "input_batching_dims"
             | "scatter_indices_batching_dims" => {
                 let v = self.int_list(&key)?;
-                let s = p
-                    .scatter_dimension_numbers
-                    .get_or_insert_with(ScatterDimensionNumbers::default);
+                let s = p.scatter_dimension_numbers.get_or_insert_with(Box::default);
                 match key.as_str() {
                     "update_window_dims" => s.update_window_dims = v,
                     "inserted_window_dims" => s.inserted_window_dims = v,
@@ -1769,11 +1786,11 @@ impl<'a> Parser<'a> {
                 let v = self.int(&key)?;
                 if op == "scatter" {
                     p.scatter_dimension_numbers
-                        .get_or_insert_with(ScatterDimensionNumbers::default)
+                        .get_or_insert_with(Box::default)
                         .index_vector_dim = v;
                 } else {
                     p.gather_dimension_numbers
-                        .get_or_insert_with(GatherDimensionNumbers::default)
+                        .get_or_insert_with(Box::default)
                         .index_vector_dim = v;
                 }
             }
@@ -1794,14 +1811,12 @@ impl<'a> Parser<'a> {
             "k" => p.k = self.int(&key)?,
             "largest" => p.largest = self.bool(&key)?,
             "lower" if op == "cholesky" => {
-                p.cholesky_options = Some(CholeskyOptions {
+                p.cholesky_options = Some(Box::new(CholeskyOptions {
                     lower: self.bool(&key)?,
-                });
+                }));
             }
             "left_side" | "lower" | "unit_diagonal" | "transpose_a" => {
-                let o = p
-                    .triangular_solve_options
-                    .get_or_insert_with(TriangularSolveOptions::default);
+                let o = p.triangular_solve_options.get_or_insert_with(Box::default);
                 match key.as_str() {
                     "left_side" => o.left_side = self.bool(&key)?,
                     "lower" => o.lower = self.bool(&key)?,
@@ -1837,7 +1852,7 @@ impl<'a> Parser<'a> {
             "is_host_transfer" => p.is_host_transfer = self.bool(&key)?,
             "infeed_config" => p.infeed_config = self.bytes(&key)?,
             "outfeed_config" => p.outfeed_config = self.bytes(&key)?,
-            "outfeed_shape" => p.outfeed_shape = Some(self.shape()?),
+            "outfeed_shape" => p.outfeed_shape = Some(Box::new(self.shape()?)),
             // custom-call.
             "custom_call_target" => p.custom_call_target = self.string(&key)?,
             "custom_call_has_side_effect" => p.custom_call_has_side_effect = self.bool(&key)?,
@@ -1845,7 +1860,7 @@ impl<'a> Parser<'a> {
                 p.operand_shapes_with_layout = self.list('{', '}', &key, |q| q.shape())?;
                 p.constrain_layout = true;
             }
-            "literal" => p.literal = Some(self.shaped_literal()?),
+            "literal" => p.literal = Some(Box::new(self.shaped_literal()?)),
             "output_to_operand_aliasing" => {
                 p.output_operand_aliasing = self.list('{', '}', &key, |q| {
                     let output_shape_index = q.int_list("an output shape index")?;
@@ -1941,8 +1956,8 @@ impl<'a> Parser<'a> {
                 }
                 // XLA's proto keeps the text's `exit=` (operand side) as the
                 // entry sharding and `entry=` as the exit sharding.
-                p.domain_entry_sharding = exit;
-                p.domain_exit_sharding = entry;
+                p.domain_entry_sharding = exit.map(Box::new);
+                p.domain_exit_sharding = entry.map(Box::new);
             }
             _ => return Err(Failure::new(at, format!("unknown attribute '{key}'"))),
         }
@@ -3620,9 +3635,14 @@ fn assemble(
     if header.is_scheduled {
         module.schedule = Some(schedule);
     }
+    // XLA prints a count only when it is not 1, and reads a missing one as
+    // 1: so does equarx.
     Ok(ParsedText {
         proto: module,
-        counts: header.counts,
+        counts: DeviceCounts {
+            replica_count: Some(header.counts.replica_count.unwrap_or(1)),
+            num_partitions: Some(header.counts.num_partitions.unwrap_or(1)),
+        },
     })
 }
 

@@ -304,7 +304,7 @@ impl<'a> Printer<'a> {
             );
             attrs.push(format!("statistics={{{}}}", parts.join(",")));
         }
-        attrs.extend(i.result_accuracy.as_ref().and_then(result_accuracy));
+        attrs.extend(i.result_accuracy.as_ref().and_then(|r| result_accuracy(r)));
         if let (Some(v), Some(s)) = (&i.original_value, &i.shape) {
             attrs.push(format!("origin={}", original_value(v, s)));
         }

@@ -5,8 +5,8 @@
 use equarx::ir::shape;
 use equarx::proto::hlo_instruction_proto::ReplicaGroupList;
 use equarx::proto::{
-    CollectiveDeviceListProto, DeviceAssignmentProto, FrontendAttributes, HloInstructionProto,
-    HloModuleProto, IotaReplicaGroupListProto, ReplicaGroup, ShapeProto,
+    CollectiveDeviceListProto, DeviceAssignmentProto, HloInstructionProto, HloModuleProto,
+    IotaReplicaGroupListProto, ReplicaGroup, ShapeProto,
     device_assignment_proto::ComputationDevice,
 };
 use equarx::{Options, RewriteOptions};
@@ -191,7 +191,7 @@ pub fn with_reducer(mut m: HloModuleProto, opcode: &str) -> HloModuleProto {
 pub fn with_attribute(mut m: HloModuleProto, key: &str, value: &str) -> HloModuleProto {
     for ar in all_reduces(&mut m) {
         ar.frontend_attributes
-            .get_or_insert_with(FrontendAttributes::default)
+            .get_or_insert_with(Box::default)
             .map
             .insert(key.into(), value.into());
     }

@@ -5,7 +5,7 @@
 //! The quantize and dequantize steps implement the contract in
 //! [`crate::numerics`] op for op.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::groups::{IdSpace, Participants};
 use super::plan::{Lane, RingPlan};
@@ -26,6 +26,8 @@ pub struct RingInputs<'a> {
     pub results: &'a [ShapeProto],
     /// A scalar f32 `maximum` computation for the block absmax.
     pub max_f32: CompId,
+    /// A scalar s32 `or` computation for reassembling scale bytes.
+    pub or_s32: CompId,
     pub gather: GatherForm,
     /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
     pub async_permutes: bool,
@@ -127,15 +129,24 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
     out
 }
 
-/// Shared constants and caches for one ring.
+/// A scalar constant, by type and bits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Const {
+    F32(u32),
+    S32(i32),
+}
+
+/// Shared constants and caches for one ring: every scalar constant and
+/// every broadcast of one is emitted once.
 struct Emitter<'b, 'm, 'i> {
     b: &'b mut Builder<'m>,
     inputs: &'i RingInputs<'i>,
     /// Chunk index (r − dir·k) mod P, by (dir, k).
     chunk_index: HashMap<(i64, i64), Value>,
-    scalars: HashMap<&'static str, Value>,
-    /// s32 constants of the lanes' offsets inside a chunk.
-    lane_offsets: HashMap<usize, Value>,
+    consts: HashMap<Const, Value>,
+    splats: HashMap<(Const, Vec<i64>), Value>,
+    /// The shifts that place a scale's bytes, broadcast to a shape.
+    shifts: HashMap<(Vec<i64>, i64), Value>,
 }
 
 impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
@@ -143,9 +154,10 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         Emitter {
             b,
             inputs,
-            chunk_index: HashMap::new(),
-            scalars: HashMap::new(),
-            lane_offsets: HashMap::new(),
+            chunk_index: HashMap::default(),
+            consts: HashMap::default(),
+            splats: HashMap::default(),
+            shifts: HashMap::default(),
         }
     }
 
@@ -161,18 +173,36 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         }
     }
 
-    fn scalar(&mut self, key: &'static str, make: impl FnOnce(&mut Builder) -> Value) -> Value {
-        if let Some(v) = self.scalars.get(key) {
+    fn constant(&mut self, c: Const) -> Value {
+        if let Some(v) = self.consts.get(&c) {
             return v.clone();
         }
-        let v = make(self.b);
-        self.scalars.insert(key, v.clone());
+        let v = match c {
+            Const::F32(bits) => self.b.f32_scalar(f32::from_bits(bits)),
+            Const::S32(v) => self.b.s32_scalar(v),
+        };
+        self.consts.insert(c, v.clone());
         v
     }
 
-    fn s32(&mut self, v: i64) -> Value {
-        // A handful of distinct small constants; not worth a cache key each.
-        self.b.s32_scalar(v as i32)
+    fn f32c(&mut self, v: f32) -> Value {
+        self.constant(Const::F32(v.to_bits()))
+    }
+
+    fn s32c(&mut self, v: i64) -> Value {
+        self.constant(Const::S32(v as i32))
+    }
+
+    /// A constant broadcast to `dims`.
+    fn splat(&mut self, c: Const, dims: &[i64]) -> Value {
+        let key = (c, dims.to_vec());
+        if let Some(v) = self.splats.get(&key) {
+            return v.clone();
+        }
+        let scalar = self.constant(c);
+        let v = self.b.broadcast(&scalar, dims, &[]);
+        self.splats.insert(key, v.clone());
+        v
     }
 
     /// The rank r (s32) of this device in its group.
@@ -202,9 +232,9 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let v = if shift == 0 {
             rank.clone()
         } else {
-            let s = self.s32(shift);
+            let s = self.s32c(shift);
             let sum = self.b.add_op(rank, &s);
-            let pv = self.s32(p);
+            let pv = self.s32c(p);
             self.b.binary("remainder", &sum, &pv)
         };
         self.chunk_index.insert((dir, k), v.clone());
@@ -216,14 +246,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     /// received at step k − 1.
     fn own_part(&mut self, chunks: &Value, rank: &Value, lane: &Lane, k: i64) -> Value {
         let chunk = self.chunk_of(rank, lane.dir, k + 1);
-        let offset = match self.lane_offsets.get(&lane.offset) {
-            Some(v) => v.clone(),
-            None => {
-                let v = self.s32(lane.offset as i64);
-                self.lane_offsets.insert(lane.offset, v.clone());
-                v
-            }
-        };
+        let offset = self.s32c(lane.offset as i64);
         let len = lane.len as i64;
         let part = self.b.dynamic_slice(chunks, &[chunk, offset], &[1, len]);
         self.b.reshape(&part, &[len])
@@ -235,119 +258,97 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let nb = lane.len as i64 / bl;
         let blocks = self.b.reshape(v, &[nb, bl]);
         let magnitude = self.b.unary("abs", &blocks);
-        let zero = self.scalar("f32_zero", |b| b.zero(PrimitiveType::F32));
+        let zero = self.f32c(0.0);
         let absmax = self.b.reduce(&magnitude, &zero, &[1], self.inputs.max_f32);
-        let inv = self.scalar("inv_qmax", |b| b.f32_scalar(INV_QMAX));
-        let inv = self.b.broadcast(&inv, &[nb], &[]);
+        let inv = self.splat(Const::F32(INV_QMAX.to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
-        // A scale with at most 17 significant bits makes every code·scale
-        // product exact, so a hop's dequantize-and-add gives the same bits
-        // whether or not the backend fuses it into one multiply-add.
-        let (scale, scale_wire) = match self.plan().scale_type {
+        let scale = match self.plan().scale_type {
+            // A scale with at most 17 significant bits makes every
+            // code·scale product exact, so a hop's dequantize-and-add gives
+            // the same bits whether or not the backend fuses it into one
+            // multiply-add.
             ScaleType::F32 => {
                 let bits = self.b.bitcast_convert(&raw, PrimitiveType::S32);
-                let mask = self.scalar("scale_mask", |b| b.s32_scalar(SCALE_MASK as i32));
-                let mask = self.b.broadcast(&mask, &[nb], &[]);
+                let mask = self.splat(Const::S32(SCALE_MASK as i32), &[nb]);
                 let bits = self.b.binary("and", &bits, &mask);
-                let scale = self.b.bitcast_convert(&bits, PrimitiveType::F32);
-                (scale.clone(), scale)
+                self.b.bitcast_convert(&bits, PrimitiveType::F32)
             }
+            // bf16 has 8 significant bits; codes are computed against the
+            // scale that travels, so codes and scale agree.
             ScaleType::Bf16 => {
-                // bf16 has 8 significant bits; codes are computed against
-                // the scale that travels, so codes and scale agree.
                 let wire = self.b.convert(&raw, PrimitiveType::Bf16);
-                (self.b.convert(&wire, PrimitiveType::F32), wire)
+                self.b.convert(&wire, PrimitiveType::F32)
             }
         };
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
         // every backend and block count on the same arithmetic. An all-zero
         // block (scale 0) gets reciprocal 0, hence codes 0.
-        let one = self.scalar("f32_one", |b| b.f32_scalar(1.0));
-        let ones = self.b.broadcast(&one, &[nb], &[]);
+        let ones = self.splat(Const::F32(1f32.to_bits()), &[nb]);
         let recip = self.b.divide(&ones, &scale);
-        let zeros = self.b.broadcast(&zero, &[nb], &[]);
+        let zeros = self.splat(Const::F32(0), &[nb]);
         let is_zero = self.b.compare(&scale, &zeros, "EQ");
         let recip = self.b.select(&is_zero, &zeros, &recip);
         let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
         let ratio = self.b.multiply(&blocks, &recip);
         let rounded = self.b.unary("round-nearest-even", &ratio);
-        let lo = self.scalar("neg_qmax", |b| b.f32_scalar(-QMAX));
-        let hi = self.scalar("qmax", |b| b.f32_scalar(QMAX));
+        let lo = self.f32c(-QMAX);
+        let hi = self.f32c(QMAX);
         let clamped = self.b.clamp(&lo, &rounded, &hi);
         let codes = self.b.convert(&clamped, PrimitiveType::S8);
         let codes = self.b.reshape(&codes, &[nb * bl]);
-        let scale_bytes = self.pack_scales(&scale_wire, nb);
+        let scale_bytes = self.pack_scales(&scale, nb);
         self.b.concatenate(&[codes, scale_bytes], 0)
     }
 
-    /// Scales → s8[nb·width], their bytes little-endian. Only same-width
-    /// bitcasts, shifts and truncating converts: backends' elemental
-    /// emitters do not implement width-changing bitcast-convert (XLA
-    /// expands those early, before a pass at this stage runs).
-    fn pack_scales(&mut self, scale_wire: &Value, nb: i64) -> Value {
-        let width = self.plan().scale_type.bytes() as i64;
-        let bits = match self.plan().scale_type {
-            ScaleType::F32 => self.b.bitcast_convert(scale_wire, PrimitiveType::S32),
-            ScaleType::Bf16 => {
-                // bf16 → f32 is exact: the bf16 bits are the f32's high half.
-                let wide = self.b.convert(scale_wire, PrimitiveType::F32);
-                let wide = self.b.bitcast_convert(&wide, PrimitiveType::S32);
-                let sixteen = self.s32(16);
-                let sixteen = self.b.broadcast(&sixteen, &[nb], &[]);
-                self.b.binary("shift-right-logical", &wide, &sixteen)
-            }
-        };
-        let mut bytes = Vec::new();
-        for k in 0..width {
-            let shifted = if k == 0 {
-                bits.clone()
-            } else {
-                let by = self.s32(8 * k);
-                let by = self.b.broadcast(&by, &[nb], &[]);
-                self.b.binary("shift-right-logical", &bits, &by)
-            };
-            let byte = self.b.convert(&shifted, PrimitiveType::S8);
-            bytes.push(self.b.reshape(&byte, &[nb, 1]));
+    /// Right-shift amounts that bring each wire byte of a scale to the
+    /// bottom, broadcast to `dims` along dimension `along`: 0, 8, 16, 24 for
+    /// f32 scales; 16, 24 for bf16 scales (the high half of their f32 bits).
+    fn byte_shifts(&mut self, dims: &[i64], along: i64) -> Value {
+        let key = (dims.to_vec(), along);
+        if let Some(v) = self.shifts.get(&key) {
+            return v.clone();
         }
-        let packed = self.b.concatenate(&bytes, 1);
-        self.b.reshape(&packed, &[nb * width])
+        let first = match self.plan().scale_type {
+            ScaleType::F32 => 0,
+            ScaleType::Bf16 => 16,
+        };
+        let width = self.plan().scale_type.bytes() as i32;
+        let amounts: Vec<i32> = (0..width).map(|k| first + 8 * k).collect();
+        let vector = self.b.s32_array(&amounts);
+        let v = self.b.broadcast(&vector, dims, &[along]);
+        self.shifts.insert(key, v.clone());
+        v
+    }
+
+    /// f32 scales → s8[nb·width], their wire bytes little-endian. Only
+    /// same-width bitcasts, shifts and truncating converts: backends compile
+    /// no width-changing bitcast-convert this late (XLA expands those early
+    /// in its pipeline).
+    fn pack_scales(&mut self, scale: &Value, nb: i64) -> Value {
+        let width = self.plan().scale_type.bytes() as i64;
+        let bits = self.b.bitcast_convert(scale, PrimitiveType::S32);
+        let spread = self.b.broadcast(&bits, &[nb, width], &[0]);
+        let shifts = self.byte_shifts(&[nb, width], 1);
+        let shifted = self.b.binary("shift-right-logical", &spread, &shifts);
+        let bytes = self.b.convert(&shifted, PrimitiveType::S8);
+        self.b.reshape(&bytes, &[nb * width])
     }
 
     /// The inverse of [`Self::pack_scales`]: `[.., nb, width]` bytes → f32[.., nb].
     fn unpack_scales(&mut self, scale_bytes: &Value, dims: &[i64]) -> Value {
         let width = self.plan().scale_type.bytes() as i64;
-        let rank = dims.len() + 1;
-        let mut bits: Option<Value> = None;
-        for k in 0..width {
-            let mut start = vec![0; rank];
-            start[rank - 1] = k;
-            let mut limit: Vec<i64> = dims.to_vec();
-            limit.push(k + 1);
-            let byte = self.b.slice(scale_bytes, &start, &limit);
-            let byte = self.b.reshape(&byte, dims);
-            let byte = self.b.convert(&byte, PrimitiveType::S32);
-            let mask = self.s32(0xff);
-            let mask = self.b.broadcast(&mask, dims, &[]);
-            let byte = self.b.binary("and", &byte, &mask);
-            let byte = if k == 0 {
-                byte
-            } else {
-                let by = self.s32(8 * k);
-                let by = self.b.broadcast(&by, dims, &[]);
-                self.b.binary("shift-left", &byte, &by)
-            };
-            bits = Some(match bits {
-                None => byte,
-                Some(acc) => self.b.binary("or", &acc, &byte),
-            });
-        }
-        let mut bits = bits.expect("width >= 1");
-        if self.plan().scale_type == ScaleType::Bf16 {
-            let sixteen = self.s32(16);
-            let sixteen = self.b.broadcast(&sixteen, dims, &[]);
-            bits = self.b.binary("shift-left", &bits, &sixteen);
-        }
+        let mut full = dims.to_vec();
+        full.push(width);
+        let wide = self.b.convert(scale_bytes, PrimitiveType::S32);
+        let mask = self.splat(Const::S32(0xff), &full);
+        let unsigned = self.b.binary("and", &wide, &mask);
+        let shifts = self.byte_shifts(&full, dims.len() as i64);
+        let placed = self.b.binary("shift-left", &unsigned, &shifts);
+        let zero = self.s32c(0);
+        let bits = self
+            .b
+            .reduce(&placed, &zero, &[dims.len() as i64], self.inputs.or_s32);
         self.b.bitcast_convert(&bits, PrimitiveType::F32)
     }
 
@@ -360,7 +361,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let lead_dims: Vec<i64> = lead.into_iter().collect();
         let with_lead =
             |tail: &[i64]| -> Vec<i64> { lead_dims.iter().chain(tail).copied().collect() };
-        let zeros: Vec<i64> = with_lead(&[0]).iter().map(|_| 0).collect();
+        let zeros: Vec<i64> = vec![0; lead_dims.len() + 1];
         let codes = self.b.slice(message, &zeros, &with_lead(&[len]));
         let mut start = zeros.clone();
         *start.last_mut().unwrap_or(&mut 0) = len;
@@ -411,7 +412,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 // arrives at hop h comes from rank (r − dir·h) mod P.
                 let zero8 = self.b.zero(PrimitiveType::S8);
                 let empty = self.b.broadcast(&zero8, &[p, msg], &[]);
-                let col = self.s32(0);
+                let col = self.s32c(0);
                 let mut all =
                     self.b
                         .dynamic_update_slice(&empty, &row, &[rank.clone(), col.clone()]);

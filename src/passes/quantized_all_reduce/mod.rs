@@ -41,7 +41,7 @@ pub mod emit;
 pub mod groups;
 pub mod plan;
 
-use std::collections::HashSet;
+use rustc_hash::FxHashMap as HashMap;
 
 use eligibility::Candidate;
 use emit::{RingInputs, emit_ring};
@@ -52,7 +52,7 @@ use crate::cost::{Prediction, Topology, predict};
 use crate::io::DeviceCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::groups::{GroupMode, ReplicaGroups};
-use crate::ir::{CompId, InstrId, Module, shape};
+use crate::ir::{CompId, Edits, InstrId, Module, shape};
 pub use crate::numerics::ScaleType;
 use crate::numerics::error::predicted_rel_rms;
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
@@ -220,6 +220,10 @@ pub enum SkipReason {
     },
     #[error("payload too large to index with s32")]
     TooLarge,
+    #[error(
+        "the ring would emit {hops} collective hops (lanes × 2·(P−1)), more than the limit of {limit}"
+    )]
+    TooManyHops { hops: u64, limit: u64 },
 }
 
 /// The pass's decision for one all-reduce.
@@ -313,13 +317,14 @@ impl Pass for QuantizedAllReduce {
 
     fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
         self.report.clear();
-        let mut max_f32 = None;
+        let mut reducers = None;
         let mut changed = false;
         let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
         for comp_id in comp_ids {
             let Some(comp) = module.computation(comp_id) else {
                 continue;
             };
+            let mut edits = Edits::default();
             let all_reduces: Vec<HloInstructionProto> = comp
                 .instructions()
                 .iter()
@@ -354,14 +359,26 @@ impl Pass for QuantizedAllReduce {
                         self.report.push(entry);
                     }
                     Ok((candidate, (plan, prediction))) => {
-                        let reducer = *max_f32.get_or_insert_with(|| {
-                            module.add_scalar_reducer(
+                        let reducers = *reducers.get_or_insert_with(|| Reducers {
+                            max_f32: module.add_scalar_reducer(
                                 "equarx_max_f32",
                                 "maximum",
                                 PrimitiveType::F32,
-                            )
+                            ),
+                            or_s32: module.add_scalar_reducer(
+                                "equarx_or_s32",
+                                "or",
+                                PrimitiveType::S32,
+                            ),
                         });
-                        let emitted = rewrite(module, &candidate, &plan, &self.options, reducer)?;
+                        let emitted = rewrite(
+                            module,
+                            &candidate,
+                            &plan,
+                            &self.options,
+                            reducers,
+                            &mut edits,
+                        )?;
                         fill_rewritten(&mut entry, &candidate, &plan, &emitted);
                         entry.predicted_time = prediction.map(|p| PredictedTime {
                             topology: self.options.topology.name.clone(),
@@ -374,6 +391,7 @@ impl Pass for QuantizedAllReduce {
                     }
                 }
             }
+            module.apply(comp_id, edits);
         }
         Ok(changed)
     }
@@ -462,6 +480,13 @@ fn describe(comp: &str, instr: &HloInstructionProto, c: &crate::ir::Computation)
     }
 }
 
+/// The scalar computations the ring's reductions call.
+#[derive(Clone, Copy)]
+struct Reducers {
+    max_f32: CompId,
+    or_s32: CompId,
+}
+
 /// What was emitted for one all-reduce, counted from the instructions.
 struct Emitted {
     wire_bytes: u64,
@@ -508,26 +533,31 @@ fn mantissa_bits(ty: i32) -> u32 {
     }
 }
 
-/// Metadata for the new instructions: the all-reduce's own, named after it.
+/// Metadata for the new instructions: named after the all-reduce, with its
+/// source location.
 fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
-    let mut m = instr.metadata.clone().unwrap_or_default();
-    let tag = format!("equarx[{}]", instr.name);
-    m.op_name = if m.op_name.is_empty() {
-        tag
-    } else {
-        format!("{}/{tag}", m.op_name)
-    };
-    m.op_type = "equarx-quantized-all-reduce".into();
-    m
+    // Short on purpose: a rewrite emits ~1000 instructions per all-reduce,
+    // and each carries this. The stack frame and source line still lead to
+    // the program line that made the all-reduce.
+    let source = instr.metadata.clone().unwrap_or_default();
+    OpMetadata {
+        op_name: format!("equarx[{}]", instr.name),
+        source_file: source.source_file,
+        source_line: source.source_line,
+        stack_frame_id: source.stack_frame_id,
+        ..Default::default()
+    }
 }
 
-/// Replaces the candidate with the quantized ring.
+/// Emits the quantized ring for the candidate and records, in `edits`, how
+/// it replaces the all-reduce (applied for the whole computation at once).
 fn rewrite(
     module: &mut Module,
     c: &Candidate,
     plan: &RingPlan,
     options: &Options,
-    max_f32: CompId,
+    reducers: Reducers,
+    edits: &mut Edits,
 ) -> Result<Emitted, PassError> {
     let comp = module
         .computation(c.comp)
@@ -539,6 +569,7 @@ fn rewrite(
     };
     let instr = get(c.instr)?;
     let done = c.done.map(get).transpose()?;
+    let target = c.done.unwrap_or(c.instr);
     let result = done
         .as_ref()
         .unwrap_or(&instr)
@@ -550,6 +581,27 @@ fn rewrite(
         result.tuple_shapes.clone()
     } else {
         vec![result.clone()]
+    };
+    // A tuple result is taken apart by get-tuple-elements, which are
+    // forwarded to the parts; the tuple itself is built only if something
+    // else uses it.
+    let (gtes, other_uses) = if tuple {
+        let mut gtes = Vec::new();
+        let mut other = comp.root_id() == target;
+        for i in comp
+            .instructions()
+            .iter()
+            .filter(|i| i.operand_ids.contains(&target.0))
+        {
+            if i.opcode == "get-tuple-element" && i.operand_ids.len() == 1 {
+                gtes.push((InstrId(i.id), i.tuple_index));
+            } else {
+                other = true;
+            }
+        }
+        (gtes, other)
+    } else {
+        (vec![], false)
     };
     let value = |(id, s, _): &(InstrId, ShapeProto, bool)| Value {
         id: *id,
@@ -572,7 +624,8 @@ fn rewrite(
             participants: &c.participants,
             operands: &packed,
             results: &results,
-            max_f32,
+            max_f32: reducers.max_f32,
+            or_s32: reducers.or_s32,
             gather: options.gather,
             async_permutes: c.done.is_some(),
         },
@@ -602,102 +655,72 @@ fn rewrite(
             None => start,
         })
     };
-    let replacement = if !tuple {
-        sums[0].clone()
-    } else {
-        let (mut q, mut r) = (sums.iter(), 0i64);
-        let mut parts = Vec::new();
-        for o in &c.operands {
-            if o.2 {
-                parts.push(
-                    q.next()
-                        .cloned()
-                        .ok_or_else(|| fail("ring returned too few values"))?,
-                );
+    let mut parts = Vec::new();
+    let (mut quantized, mut r) = (sums.iter(), 0i64);
+    for o in &c.operands {
+        if o.2 {
+            parts.push(
+                quantized
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| fail("ring returned too few values"))?,
+            );
+        } else {
+            let res = residual
+                .as_ref()
+                .ok_or_else(|| fail("residual all-reduce missing"))?;
+            parts.push(if rest.len() == 1 {
+                res.clone()
             } else {
-                let res = residual
-                    .as_ref()
-                    .ok_or_else(|| fail("residual all-reduce missing"))?;
-                parts.push(if rest.len() == 1 {
-                    res.clone()
-                } else {
-                    b.get_tuple_element(res, r)
-                });
-                r += 1;
-            }
+                b.get_tuple_element(res, r)
+            });
+            r += 1;
         }
-        b.tuple(&parts)
-    };
-    let new_ids = b.insert_before(c.instr).map_err(fail)?;
-
-    let comp = module
-        .computation_mut(c.comp)
-        .ok_or_else(|| fail("computation vanished"))?;
-    let target = c.done.unwrap_or(c.instr);
-    comp.replace_all_uses(target, replacement.id);
-    let mut dead: Vec<InstrId> = vec![c.instr];
-    dead.extend(c.done);
-    if tuple {
-        dead.extend(forward_tuple_elements(comp, replacement.id));
     }
-    module.remove(c.comp, &dead);
-    Ok(count_emitted(module, c.comp, &new_ids, plan.group_size))
-}
-
-/// Users `get-tuple-element(t, i)` of the tuple `t` are replaced by `t`'s
-/// operand `i`; returns the instructions that became dead (those users, and
-/// `t` itself if nothing else uses it).
-fn forward_tuple_elements(comp: &mut crate::ir::Computation, t: InstrId) -> Vec<InstrId> {
-    let Some(elements) = comp.get(t).map(|i| i.operand_ids.clone()) else {
-        return vec![];
+    let whole = if !tuple {
+        Some(parts[0].clone())
+    } else if other_uses {
+        Some(b.tuple(&parts))
+    } else {
+        None
     };
-    let gtes: Vec<(InstrId, i64)> = comp
-        .instructions()
-        .iter()
-        .filter(|i| i.opcode == "get-tuple-element" && i.operand_ids == [t.0])
-        .map(|i| (InstrId(i.id), i.tuple_index))
-        .collect();
-    let mut dead = Vec::new();
+    let emitted = b.finish().map_err(fail)?;
+    let stats = count_emitted(&emitted, plan.group_size);
+
+    edits.insert_before.insert(c.instr, emitted);
+    if let Some(whole) = whole {
+        edits.replace.insert(target, whole.id);
+    }
     for (g, index) in gtes {
-        if let Some(&e) = usize::try_from(index).ok().and_then(|i| elements.get(i)) {
-            comp.replace_all_uses(g, InstrId(e));
-            dead.push(g);
-        }
+        let part = usize::try_from(index).ok().and_then(|i| parts.get(i));
+        let part = part.ok_or_else(|| fail("get-tuple-element index out of range"))?;
+        edits.replace.insert(g, part.id);
+        edits.remove.insert(g);
     }
-    let still_used = comp.root_id() == t
-        || comp
-            .instructions()
-            .iter()
-            .any(|i| !dead.contains(&InstrId(i.id)) && i.operand_ids.contains(&t.0));
-    if !still_used {
-        dead.push(t);
-    }
-    dead
+    edits.remove.insert(c.instr);
+    edits.remove.extend(c.done);
+    Ok(stats)
 }
 
-fn count_emitted(module: &Module, comp: CompId, ids: &[InstrId], group_size: usize) -> Emitted {
-    let ids: HashSet<InstrId> = ids.iter().copied().collect();
+/// Bytes each device sends in the emitted collectives, counted from them.
+fn count_emitted(emitted: &[HloInstructionProto], group_size: usize) -> Emitted {
+    let shapes: HashMap<i64, &ShapeProto> = emitted
+        .iter()
+        .filter_map(|i| i.shape.as_ref().map(|s| (i.id, s)))
+        .collect();
+    let operand_bytes = |i: &HloInstructionProto| {
+        i.operand_ids
+            .first()
+            .and_then(|o| shapes.get(o))
+            .and_then(|s| shape::byte_size(s))
+            .unwrap_or(0)
+    };
     let mut e = Emitted {
         wire_bytes: 0,
         collective_permutes: 0,
         all_gathers: 0,
     };
-    let Some(c) = module.computation(comp) else {
-        return e;
-    };
-    let operand_bytes = |i: &HloInstructionProto| {
-        i.operand_ids
-            .first()
-            .and_then(|&o| c.get(InstrId(o)))
-            .and_then(|o| o.shape.as_ref())
-            .and_then(shape::byte_size)
-            .unwrap_or(0)
-    };
-    for i in c
-        .instructions()
-        .iter()
-        .filter(|i| ids.contains(&InstrId(i.id)))
-    {
+    for i in emitted {
         match i.opcode.as_str() {
             "collective-permute" | "collective-permute-start" => {
                 e.collective_permutes += 1;
