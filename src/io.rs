@@ -251,11 +251,24 @@ impl Loaded {
     }
 }
 
+/// The most bytes a gzip input may inflate to: protobuf's 2 GiB message
+/// limit. More is a decompression bomb, refused before it exhausts memory.
+pub const MAX_INFLATED: u64 = 2 << 30;
+
 fn gunzip(bytes: &[u8]) -> Result<(std::borrow::Cow<'_, [u8]>, bool), FormatError> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(bytes), &mut out)
-            .map_err(|e| FormatError::Gzip(e.to_string()))?;
+        let decoder = flate2::read::MultiGzDecoder::new(bytes);
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(decoder, MAX_INFLATED + 1),
+            &mut out,
+        )
+        .map_err(|e| FormatError::Gzip(e.to_string()))?;
+        if out.len() as u64 > MAX_INFLATED {
+            return Err(FormatError::Gzip(format!(
+                "inflates to more than {MAX_INFLATED} bytes (protobuf's 2 GiB limit)"
+            )));
+        }
         Ok((out.into(), true))
     } else {
         Ok((bytes.into(), false))
@@ -436,9 +449,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    // A replaced file keeps its permissions; a new one gets the usual
+    // rw-r--r-- (the temporary file is created private).
+    let mode = std::fs::metadata(path).map(|m| m.permissions()).ok();
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
+    let perms = mode.unwrap_or_else(|| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(0o644)
+    });
+    tmp.as_file().set_permissions(perms)?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

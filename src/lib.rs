@@ -12,6 +12,7 @@ pub mod io;
 pub mod ir;
 pub mod numerics;
 pub mod passes;
+pub mod plot;
 pub mod proto;
 pub mod text;
 pub mod verify;

@@ -21,6 +21,9 @@ Examples:
   # The same, straight to readable HLO text on stdout:
   equarx rewrite tests/fixtures/psum_bf16_p8.pb -o - --format text --min-payload 0
 
+  # A whole --xla_dump_to directory, one line per module:
+  equarx rewrite /tmp/xla_dump -o /tmp/xla_dump.equarx --types bf16,f32
+
   # What collectives does a dump hold?
   equarx analyze module_0012.jit_f.cpu_after_optimizations.hlo.pb
 
@@ -59,7 +62,8 @@ enum Command {
 
 #[derive(Args)]
 struct InputArgs {
-    /// The module to read (`-` for stdin).
+    /// The module to read (`-` for stdin; for `rewrite`, also a dump
+    /// directory, rewritten module by module into the `-o` directory).
     input: PathBuf,
     /// The input's container, if detection should not decide.
     #[arg(long, value_enum)]
@@ -173,6 +177,10 @@ struct ModelArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_bytes,
           default_value = "16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB")]
     sizes: Vec<u64>,
+    /// Also write a chart of the predicted speedup over message size for
+    /// every known topology (SVG).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
     #[command(flatten)]
     pass: PassArgs,
 }
@@ -197,7 +205,7 @@ struct SimulateArgs {
     #[arg(long, value_delimiter = ',', default_value = "2")]
     pipeline_depths: Vec<usize>,
     /// Ring directions to try: false (one way), true (bidirectional).
-    #[arg(long, value_delimiter = ',', default_value = "false")]
+    #[arg(long, value_delimiter = ',', default_value = "true")]
     bidirectional: Vec<bool>,
     /// Elements per device.
     #[arg(long, default_value_t = 65_536)]
@@ -212,6 +220,10 @@ struct SimulateArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write error-vs-P charts, one SVG per distribution
+    /// (FILE-<distribution>.svg).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -288,12 +300,50 @@ fn pass_options(a: &PassArgs) -> Result<RewriteOptions> {
 fn rewrite(a: RewriteArgs) -> Result<()> {
     let mut options = pass_options(&a.pass)?;
     options.disabled_passes = a.disable_pass.clone();
-    let loaded = load(&a.input)?;
-    let name = a.input.input.display().to_string();
+    if a.input.input.is_dir() {
+        return rewrite_dir(&a, &options);
+    }
+    let result = rewrite_file(
+        &a,
+        &a.input.input,
+        &a.output,
+        &options,
+        a.dump_dir.as_deref(),
+    )?;
+    let to_stdout = a.output == Path::new("-");
+    if a.report {
+        let table = report_table(&result.report);
+        if to_stdout {
+            eprint!("{table}")
+        } else {
+            print!("{table}")
+        }
+    }
+    if let Some(path) = &a.report_json {
+        let json = serde_json::to_string_pretty(&result.report)? + "\n";
+        io::write_atomic(path, json.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Rewrites one module file into `output`.
+fn rewrite_file(
+    a: &RewriteArgs,
+    input: &Path,
+    output: &Path,
+    options: &RewriteOptions,
+    dump_dir: Option<&Path>,
+) -> Result<equarx::Rewritten> {
+    let loaded = load(&InputArgs {
+        input: input.to_path_buf(),
+        input_format: a.input.input_format,
+    })?;
+    let name = input.display().to_string();
     let mut pipeline = Pipeline::new();
-    if let Some(dir) = &a.dump_dir {
+    if let Some(dir) = dump_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let dir = dir.clone();
+        let dir = dir.to_path_buf();
         let counts = loaded.counts;
         let mut n = 0usize;
         pipeline.dump_with(Box::new(move |pass, stage, module| {
@@ -309,30 +359,102 @@ fn rewrite(a: RewriteArgs) -> Result<()> {
         }));
     }
     let counts = loaded.counts;
-    let result = equarx::rewrite_with(loaded.module.clone(), counts, &options, &mut pipeline)
-        .with_context(|| name.clone())?;
-    let (ext_format, gzip) = io::format_from_extension(&a.output);
+    let result = equarx::rewrite_with(loaded.module.clone(), counts, options, &mut pipeline)
+        .with_context(|| name)?;
+    let (ext_format, gzip) = io::format_from_extension(output);
     let format = a.format.or(ext_format);
     let out_counts = DeviceCounts {
         replica_count: options.counts.replica_count.or(counts.replica_count),
         num_partitions: options.counts.num_partitions.or(counts.num_partitions),
     };
     let bytes = encode(&loaded, &result.module, format, gzip, out_counts)?;
-    io::write_atomic(&a.output, &bytes)
-        .with_context(|| format!("cannot write {}", a.output.display()))?;
-    let to_stdout = a.output == Path::new("-");
-    if a.report {
-        let table = report_table(&result.report);
-        if to_stdout {
-            eprint!("{table}")
-        } else {
-            print!("{table}")
+    io::write_atomic(output, &bytes)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(result)
+}
+
+/// `equarx rewrite DUMP_DIR -o OUT_DIR`: every module of a dump directory,
+/// one line each. Files that are not HLO modules (buffer assignments,
+/// LLVM IR, object files, ...) are listed as skipped; a module that fails
+/// to read or rewrite is an error, reported at the end.
+fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
+    let (input, output) = (&a.input.input, &a.output);
+    if output == Path::new("-") {
+        bail!("a directory rewrites into a directory: give -o OUT_DIR");
+    }
+    if output.exists() && !output.is_dir() {
+        bail!(
+            "{} is a file; a directory rewrites into a directory",
+            output.display()
+        );
+    }
+    if output.canonicalize().ok() == input.canonicalize().ok() {
+        bail!("-o must not be the input directory (its modules would be overwritten)");
+    }
+    std::fs::create_dir_all(output)
+        .with_context(|| format!("cannot create {}", output.display()))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(input)
+        .with_context(|| format!("cannot read {}", input.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let (mut rewritten, mut skipped, mut failed) = (0usize, 0usize, Vec::new());
+    let mut reports = serde_json::Map::new();
+    for file in &files {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let bytes =
+            io::read_path(file).with_context(|| format!("cannot read {}", file.display()))?;
+        if let Err(e) = io::decode(&bytes, a.input.input_format) {
+            let module_like = name.ends_with(".pb")
+                || name.ends_with(".pb.gz")
+                || bytes.starts_with(b"HloModule");
+            if module_like {
+                println!("{name}: error: {e}");
+                failed.push(name);
+            } else {
+                println!("{name}: skipped (not an HLO module)");
+                skipped += 1;
+            }
+            continue;
+        }
+        match rewrite_file(a, file, &output.join(&name), options, None) {
+            Ok(r) => {
+                let done = r.report.iter().filter(|o| o.rewritten).count();
+                println!("{name}: {done} of {} all-reduces rewritten", r.report.len());
+                if a.report {
+                    print!("{}", report_table(&r.report));
+                }
+                reports.insert(name, serde_json::to_value(&r.report)?);
+                rewritten += 1;
+            }
+            Err(e) => {
+                let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
+                println!("{name}: error: {}", chain.join(": "));
+                failed.push(name);
+            }
         }
     }
+    println!(
+        "{rewritten} modules written to {}, {skipped} files skipped, {} failed",
+        output.display(),
+        failed.len()
+    );
     if let Some(path) = &a.report_json {
-        let json = serde_json::to_string_pretty(&result.report)? + "\n";
+        let json = serde_json::to_string_pretty(&reports)? + "\n";
         io::write_atomic(path, json.as_bytes())
             .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} modules failed: {}",
+            failed.len(),
+            rewritten + failed.len(),
+            failed.join(", ")
+        );
     }
     Ok(())
 }
@@ -465,6 +587,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         seed: a.seed,
     })
     .map_err(anyhow::Error::msg)?;
+    if let Some(path) = &a.plot {
+        plot_errors(&rows, path)?;
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
@@ -551,6 +676,9 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
 fn model(a: ModelArgs) -> Result<()> {
     let o = pass_options(&a.pass)?.pass;
     let t = o.topology.clone();
+    if let Some(path) = &a.plot {
+        plot_speedups(&a, &o, path)?;
+    }
     if a.group_size < 2 {
         bail!("--group-size must be at least 2");
     }
@@ -590,6 +718,102 @@ fn model(a: ModelArgs) -> Result<()> {
             p.speedup()
         );
     }
+    Ok(())
+}
+
+/// Error against P: equarx per block size, and the two baselines.
+fn plot_errors(rows: &[simulate::SweepRow], path: &Path) -> Result<()> {
+    use equarx::plot::{Chart, Series, svg};
+    let mut dists: Vec<Distribution> = rows.iter().map(|r| r.distribution).collect();
+    dists.dedup();
+    for d in dists {
+        let mine: Vec<&simulate::SweepRow> = rows.iter().filter(|r| r.distribution == d).collect();
+        let mut blocks: Vec<usize> = mine.iter().map(|r| r.block_size).collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let line = |label: String, f: &dyn Fn(&simulate::SweepRow) -> Option<f64>| Series {
+            points: {
+                let mut p: Vec<(f64, f64)> = mine
+                    .iter()
+                    .filter_map(|r| f(r).map(|y| (r.group_size as f64, y)))
+                    .collect();
+                p.dedup_by(|a, b| a.0 == b.0);
+                p
+            },
+            label,
+        };
+        let mut series: Vec<Series> = blocks
+            .iter()
+            .map(|&b| {
+                line(format!("equarx B={b}"), &|r| {
+                    (r.block_size == b).then_some(r.equarx.rel_rms * 100.0)
+                })
+            })
+            .collect();
+        series.push(line("bf16 ring".into(), &|r| {
+            Some(r.bf16_ring.rel_rms * 100.0)
+        }));
+        series.push(line("per-tensor int8".into(), &|r| {
+            Some(r.per_tensor_int8.rel_rms * 100.0)
+        }));
+        let dname = clap::ValueEnum::to_possible_value(&d)
+            .map_or_else(|| format!("{d:?}"), |v| v.get_name().to_string());
+        let title = format!("all-reduce error vs the exact sum, {dname} inputs");
+        let chart = Chart {
+            title: &title,
+            x_label: "group size P",
+            y_label: "relative RMS error (%)",
+            log_y: true,
+        };
+        let text = svg(&chart, &series).map_err(anyhow::Error::msg)?;
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("errors");
+        let file = path.with_file_name(format!("{stem}-{dname}.svg"));
+        io::write_atomic(&file, text.as_bytes())
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        eprintln!("wrote {}", file.display());
+    }
+    Ok(())
+}
+
+/// Predicted speedup over message size, one line per topology.
+fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
+    use equarx::plot::{Chart, Series, svg};
+    let mut series = Vec::new();
+    for name in equarx::cost::NAMES {
+        let t = equarx::cost::Topology::parse(name).map_err(anyhow::Error::msg)?;
+        let mut points = Vec::new();
+        for &bytes in &a.sizes {
+            let plan = equarx::passes::quantized_all_reduce::plan::RingPlan::new(
+                a.group_size,
+                (bytes / 2) as usize,
+                options,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let p = equarx::cost::predict(&t, &plan, bytes, 2, options.bidirectional);
+            points.push((bytes as f64 / (1 << 20) as f64, p.speedup()));
+        }
+        series.push(Series {
+            label: t.name.clone(),
+            points,
+        });
+    }
+    let title = format!(
+        "predicted equarx speedup over a bf16 ring, P = {} (a model)",
+        a.group_size
+    );
+    let chart = Chart {
+        title: &title,
+        x_label: "bf16 payload (MiB)",
+        y_label: "speedup",
+        log_y: false,
+    };
+    let text = svg(&chart, &series).map_err(anyhow::Error::msg)?;
+    io::write_atomic(path, text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
     Ok(())
 }
 

@@ -192,3 +192,77 @@ fn help_teaches_with_examples() {
         assert!(out.contains(flag), "rewrite --help lacks {flag}");
     }
 }
+
+#[test]
+fn a_dump_directory_is_rewritten_module_by_module() {
+    let dir = scratch("cli_dump_dir");
+    let dump = dir.join("dump");
+    std::fs::create_dir_all(&dump).unwrap();
+    for f in std::fs::read_dir(fixtures_dir().join("dumps")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dump.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        dump.join("module_0012.jit_tp_block.ir-no-opt.ll"),
+        "; ModuleID = 'x'\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let (stdout, _) = run(&[
+        "rewrite",
+        dump.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--min-payload",
+        "0",
+    ]);
+    assert!(
+        stdout.contains("ir-no-opt.ll: skipped (not an HLO module)"),
+        "{stdout}"
+    );
+    let spmd: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("after_spmd-partitioning"))
+        .collect();
+    assert_eq!(spmd.len(), 2, "{stdout}");
+    // The text dump's header says num_partitions=8 and, by omission, one
+    // replica: both forms of the module are rewritten.
+    assert!(
+        spmd.iter()
+            .all(|l| l.ends_with("2 of 2 all-reduces rewritten")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("6 modules written"), "{stdout}");
+    let written = std::fs::read_to_string(
+        out.join("module_0012.jit_tp_block.0007.spmd-partitioner.after_spmd-partitioning.before_control-dep-rewriter.txt"),
+    )
+    .unwrap();
+    assert!(written.starts_with("HloModule") && written.contains("collective-permute("));
+
+    // A module that does not read is an error, named, after the others.
+    std::fs::write(dump.join("broken.hlo.pb"), b"\x0a\xff\xff").unwrap();
+    let o = equarx()
+        .args([
+            "rewrite",
+            dump.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout.contains("broken.hlo.pb: error:"), "{stdout}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("broken.hlo.pb"));
+    // Writing into the input directory is refused.
+    let o = equarx()
+        .args([
+            "rewrite",
+            dump.to_str().unwrap(),
+            "-o",
+            dump.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}

@@ -53,6 +53,10 @@ struct Case {
     /// and leaves the fusion's computation behind). In a real pipeline the
     /// pass runs after these passes, so they never see its output.
     disable: &'static str,
+    /// Rewrite this HLO text file with the `equarx` command line (text in,
+    /// text out) and let XLA's parser read the result, instead of handing
+    /// XLA the library's proto.
+    via_text_cli: Option<std::path::PathBuf>,
 }
 
 const P8: &[usize] = &[0, 1, 2, 3, 4, 5, 6, 7];
@@ -75,6 +79,7 @@ fn cases() -> Vec<Case> {
             },
             baseline: true,
             disable: "",
+            via_text_cli: None,
         };
     let p8 = || load("psum_bf16_p8.pb");
     let mut v = vec![
@@ -251,6 +256,7 @@ fn cases() -> Vec<Case> {
             },
             baseline: true,
             disable: "",
+            via_text_cli: None,
         }
     };
     // Inside programs the all-reduce inputs are matmul partials: products
@@ -270,6 +276,17 @@ fn cases() -> Vec<Case> {
         opts(|_| {}),
         tp_bound,
     ));
+    // A text dump (XLA's own text after SPMD partitioning) through the
+    // command line, text in and text out; XLA parses what equarx printed.
+    let dump = "dumps/module_0012.jit_tp_block.0007.spmd-partitioner.after_spmd-partitioning.before_control-dep-rewriter";
+    let mut from_text = program(
+        "text_dump_tp_block",
+        &format!("{dump}.hlo.pb"),
+        opts(|_| {}),
+        tp_bound,
+    );
+    from_text.via_text_cli = Some(common::fixtures_dir().join(format!("{dump}.txt")));
+    v.push(from_text);
     // Four all-reduces inside a while body (a scan over layers).
     v.push(program(
         "while_body",
@@ -310,6 +327,7 @@ fn cases() -> Vec<Case> {
         },
         baseline: false,
         disable: "",
+        via_text_cli: None,
     });
     v
 }
@@ -463,7 +481,10 @@ fn shardings(m: &HloModuleProto, check: &Check, n: usize) -> Vec<Option<OpShardi
         .filter(|i| i.opcode == "parameter")
         .collect();
     params.sort_by_key(|p| p.parameter_number);
-    params.iter().map(|p| p.sharding.clone()).collect()
+    params
+        .iter()
+        .map(|p| p.sharding.as_deref().cloned())
+        .collect()
 }
 
 fn write_inputs(dir: &Path, params: &[(String, Vec<i64>)], values: &[Vec<Vec<f32>>]) -> Value {
@@ -552,6 +573,8 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
     let dir = scratch("xla_pass");
     let cases = cases();
     let mut jobs = Vec::new();
+    // Cases whose rewrite XLA reads from equarx's text: (case, job index).
+    let mut text_jobs: Vec<(String, usize)> = Vec::new();
     // (case index, data, rewritten job, baseline job, inputs)
     let mut plan = Vec::new();
     for (ci, case) in cases.iter().enumerate() {
@@ -589,7 +612,41 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
         let cdir = dir.join(&case.name);
         std::fs::create_dir_all(&cdir).unwrap();
         let rewritten = cdir.join("rewritten.pb");
-        std::fs::write(&rewritten, r.module.encode_to_vec()).unwrap();
+        match &case.via_text_cli {
+            None => std::fs::write(&rewritten, r.module.encode_to_vec()).unwrap(),
+            Some(text) => {
+                let out = cdir.join("rewritten.txt");
+                let o = common::equarx()
+                    .args([
+                        "rewrite",
+                        "--min-payload",
+                        "0",
+                        "--pipeline-depth",
+                        "1",
+                        "--bidirectional",
+                        "false",
+                    ])
+                    .arg(text)
+                    .arg("-o")
+                    .arg(&out)
+                    .output()
+                    .unwrap();
+                assert!(
+                    o.status.success(),
+                    "{}: {}",
+                    case.name,
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                let printed = std::fs::read_to_string(&out).unwrap();
+                assert!(
+                    printed.starts_with("HloModule") && printed.contains("s8["),
+                    "{}",
+                    case.name
+                );
+                jobs.push(json!({"kind": "text_to_proto", "text": out, "out": rewritten}));
+                text_jobs.push((case.name.clone(), jobs.len() - 1));
+            }
+        }
         let reference = cdir.join("reference.pb");
         let reference_module = match &case.check {
             Check::Program { reference, .. } => (**reference).clone(),
@@ -624,6 +681,13 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
         }
     }
     let results = run_xla(&dir, &jobs);
+    for (name, j) in &text_jobs {
+        assert_eq!(
+            results[*j]["ok"], true,
+            "{name}: XLA cannot parse equarx's text: {}",
+            results[*j]["error"]
+        );
+    }
 
     let mut table: Vec<Measured> = Vec::new();
     let mut failures = Vec::new();
