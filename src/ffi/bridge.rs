@@ -57,7 +57,8 @@ mod ffi {
 
 pub use ffi::{PassOptions, RewriteResult};
 
-fn default_pass_options() -> PassOptions {
+/// The defaults C++ starts from (also callable from Rust, e.g. by tests).
+pub fn default_pass_options() -> PassOptions {
     let o = Options::default();
     PassOptions {
         block_size: o.block_size as u64,
@@ -118,7 +119,8 @@ fn to_options(o: &PassOptions) -> Result<crate::RewriteOptions, DoorError> {
     super::checked(pass, counts, Vec::new())
 }
 
-fn rewrite_module(module: &[u8], options: &PassOptions) -> RewriteResult {
+/// What `EquarxPass::Run` calls (public so Rust tests drive the same path).
+pub fn rewrite_module(module: &[u8], options: &PassOptions) -> RewriteResult {
     let run = guarded(|| {
         let options = to_options(options)?;
         rewrite_bytes(module, Some(Format::Module), &options)

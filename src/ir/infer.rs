@@ -79,7 +79,9 @@ pub fn expected_shape(
         }
     };
     let array_operand = |i: usize| -> Result<&ShapeProto, String> {
-        let s = operands[i];
+        let s = *operands
+            .get(i)
+            .ok_or_else(|| format!("{op} needs operand {i}, has {}", operands.len()))?;
         if is_array(s) {
             Ok(s)
         } else {
@@ -244,7 +246,9 @@ pub fn expected_shape(
                         s.start, s.limit, s.stride
                     ));
                 }
-                dims.push((s.limit - s.start + s.stride - 1) / s.stride);
+                // (limit - start) / stride, rounded up, without overflow.
+                let span = s.limit - s.start;
+                dims.push(span / s.stride + i64::from(span % s.stride != 0));
             }
             shape::with_dims(x, &dims)
         }
@@ -305,7 +309,9 @@ pub fn expected_shape(
                         shape::describe(o)
                     ));
                 }
-                dims[d] += o.dimensions[d];
+                dims[d] = dims[d]
+                    .checked_add(o.dimensions[d])
+                    .ok_or("concatenate result dimension overflows")?;
             }
             shape::with_dims(first, &dims)
         }
@@ -322,11 +328,15 @@ pub fn expected_shape(
             let mut dims = Vec::new();
             for (p, &d) in cfg.dimensions.iter().zip(&x.dimensions) {
                 let interior = if d > 0 {
-                    (d - 1) * p.interior_padding
+                    (d - 1).checked_mul(p.interior_padding)
                 } else {
-                    0
+                    Some(0)
                 };
-                let n = d + p.edge_padding_low + p.edge_padding_high + interior;
+                let n = interior
+                    .and_then(|i| d.checked_add(i))
+                    .and_then(|n| n.checked_add(p.edge_padding_low))
+                    .and_then(|n| n.checked_add(p.edge_padding_high))
+                    .ok_or("pad result dimension overflows")?;
                 if p.interior_padding < 0 || n < 0 {
                     return Err("pad gives a negative dimension".into());
                 }
@@ -402,7 +412,10 @@ pub fn expected_shape(
                 return Err(format!("all-gather dimension {d} out of range"));
             }
             let mut dims = x.dimensions.clone();
-            dims[d as usize] *= n as i64;
+            dims[d as usize] = i64::try_from(n)
+                .ok()
+                .and_then(|n| dims[d as usize].checked_mul(n))
+                .ok_or("all-gather result dimension overflows")?;
             shape::with_dims(x, &dims)
         }
         "reduce" => {

@@ -8,6 +8,7 @@
 
 pub mod modules;
 pub mod normalize;
+pub mod random_modules;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -22,7 +22,7 @@ use std::collections::HashSet;
 
 use super::SkipReason;
 use crate::io::DeviceCounts;
-use crate::ir::groups::{GroupEncoding, GroupMode, ReplicaGroups};
+use crate::ir::groups::{GroupEncoding, GroupMode, MAX_DEVICES, ReplicaGroups};
 use crate::proto::HloInstructionProto;
 
 /// The ids the emitted collectives use.
@@ -95,6 +95,15 @@ pub fn participants(
     let groups = ReplicaGroups::of(instr).map_err(SkipReason::BadGroups)?;
     let mode = GroupMode::of(instr);
     let (r, p) = (counts.replica_count, counts.num_partitions);
+    // Counts are believed only up to what an id table may hold: "every
+    // replica" of a hostile 2^40 replicas must not become a 2^40-entry list.
+    for (n, what) in [(r, "replica"), (p, "partition")] {
+        if let Some(n) = n.filter(|&n| !(1..=MAX_DEVICES).contains(&n)) {
+            return Err(SkipReason::BadGroups(format!(
+                "{n} {what}s is outside 1..={MAX_DEVICES}"
+            )));
+        }
+    }
     let everyone = |n: Option<i64>, what: &str| -> Result<Vec<Vec<i64>>, SkipReason> {
         let n = n.ok_or_else(|| {
             SkipReason::CountsUnknown(format!("empty replica groups mean all {what}s"))

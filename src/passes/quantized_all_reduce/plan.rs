@@ -16,6 +16,11 @@
 
 use super::{Options, ScaleType, SkipReason};
 
+/// Most collective hops (lanes × 2·(P−1)) one rewrite may emit: P = 8 with
+/// 512 lanes needs 7 168; a group of thousands of devices would otherwise
+/// grow one all-reduce into millions of instructions.
+pub const MAX_RING_HOPS: u64 = 1 << 14;
+
 /// One independent chain of the ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lane {
@@ -44,7 +49,10 @@ pub struct RingPlan {
 impl RingPlan {
     /// The plan for `elements` payload elements over groups of `p` ranks.
     pub fn new(p: usize, elements: usize, options: &Options) -> Result<Self, SkipReason> {
-        let b = options.block_size;
+        if p < 2 {
+            return Err(SkipReason::GroupOfOne);
+        }
+        let b = options.block_size.max(1);
         let per_rank_blocks = elements
             .div_ceil(p.checked_mul(b).ok_or(SkipReason::TooLarge)?)
             .max(1);
@@ -59,7 +67,18 @@ impl RingPlan {
         } else {
             &[1]
         };
-        let count = (options.pipeline_depth * directions.len()).min(per_rank_blocks);
+        let count = (options.pipeline_depth.max(1))
+            .saturating_mul(directions.len())
+            .min(per_rank_blocks);
+        // Every lane sends P−1 reduce-scatter and P−1 gather messages, each
+        // a chain of HLO ops: bound what one all-reduce may grow into.
+        let hops = (count as u64).saturating_mul(2 * (p as u64 - 1));
+        if hops > MAX_RING_HOPS {
+            return Err(SkipReason::TooManyHops {
+                hops,
+                limit: MAX_RING_HOPS,
+            });
+        }
         let per_dir = count / directions.len();
         let mut lanes = Vec::with_capacity(count);
         let mut offset = 0;
