@@ -185,14 +185,7 @@ fn c_str(p: *const c_char) -> Option<String> {
 /// `equarx_free_result` safe to call twice.
 pub fn c_abi(data: &[u8]) {
     let (json, module) = c_abi_split(data);
-    let mut r = EquarxResult {
-        struct_size: std::mem::size_of::<EquarxResult>(),
-        module: std::ptr::null_mut(),
-        module_len: 0,
-        changed: 0,
-        report_json: std::ptr::null_mut(),
-        error: std::ptr::null_mut(),
-    };
+    let mut r = EquarxResult::default();
     // SAFETY: `module` is a live slice, `json` NUL-terminated, `r` sized.
     let status = unsafe { equarx_rewrite(module.as_ptr(), module.len(), json.as_ptr(), &mut r) };
     let error = c_str(r.error);

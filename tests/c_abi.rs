@@ -78,14 +78,7 @@ fn c_program_uses_the_c_abi() {
 }
 
 fn call(bytes: &[u8], options: &CStr) -> (i32, bool, String) {
-    let mut r = EquarxResult {
-        struct_size: std::mem::size_of::<EquarxResult>(),
-        module: std::ptr::null_mut(),
-        module_len: 0,
-        changed: 0,
-        report_json: std::ptr::null_mut(),
-        error: std::ptr::null_mut(),
-    };
+    let mut r = EquarxResult::default();
     // SAFETY: valid buffers; `r` is a properly sized result.
     let status = unsafe { equarx_rewrite(bytes.as_ptr(), bytes.len(), options.as_ptr(), &mut r) };
     let text = if r.error.is_null() {

@@ -60,14 +60,7 @@ fn library(bytes: &[u8], json: &str) -> Result<(Vec<u8>, String), String> {
 
 fn c_abi(bytes: &[u8], json: &str) -> (c_int, Vec<u8>, String) {
     let json = CString::new(json).unwrap();
-    let mut r = EquarxResult {
-        struct_size: std::mem::size_of::<EquarxResult>(),
-        module: std::ptr::null_mut(),
-        module_len: 0,
-        changed: 0,
-        report_json: std::ptr::null_mut(),
-        error: std::ptr::null_mut(),
-    };
+    let mut r = EquarxResult::default();
     // SAFETY: live buffers, NUL-terminated options, a sized result.
     let status = unsafe { equarx_rewrite(bytes.as_ptr(), bytes.len(), json.as_ptr(), &mut r) };
     let module = if r.module.is_null() {

@@ -612,14 +612,7 @@ fn library(c: &Case) -> Answer {
 
 fn c_abi(c: &Case) -> Answer {
     let json = CString::new(c.opts.json()).unwrap();
-    let mut r = EquarxResult {
-        struct_size: std::mem::size_of::<EquarxResult>(),
-        module: std::ptr::null_mut(),
-        module_len: 0,
-        changed: 0,
-        report_json: std::ptr::null_mut(),
-        error: std::ptr::null_mut(),
-    };
+    let mut r = EquarxResult::default();
     // SAFETY: live buffers, NUL-terminated options, a sized result.
     let status = unsafe { equarx_rewrite(c.bytes.as_ptr(), c.bytes.len(), json.as_ptr(), &mut r) };
     let text = |p: *mut std::ffi::c_char| {

@@ -337,3 +337,50 @@ fn the_force_attribute_waives_the_threshold_and_says_so() {
             .contains("\"true\" or \"false\"")
     );
 }
+
+/// XLA deletes a float convert round trip that passes through a narrower
+/// type (f32 → bf16 → f32) whenever excess precision is allowed, its
+/// default (`SimplifyFPConversions`). The scales' rounding must survive it,
+/// or codes would be computed against a scale other than the one that
+/// travels: the emitted HLO holds no such round trip, in either scale type.
+#[test]
+fn no_float_round_trip_that_xla_may_delete() {
+    let is_float = |t: i32| {
+        [PrimitiveType::Bf16, PrimitiveType::F16, PrimitiveType::F32]
+            .iter()
+            .any(|&f| f as i32 == t)
+    };
+    let ty = |i: &HloInstructionProto| i.shape.as_ref().map_or(0, |s| s.element_type);
+    let mut converts_checked = 0;
+    for scale_type in [equarx::ScaleType::Bf16, equarx::ScaleType::F32] {
+        let loaded = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
+        let out = equarx::rewrite(
+            loaded.module,
+            loaded.counts,
+            &options(|o| o.scale_type = scale_type),
+        )
+        .unwrap();
+        assert!(out.report.iter().any(|r| r.rewritten));
+        let by_id = instructions(&out.module);
+        for i in by_id.values().filter(|i| i.opcode == "convert") {
+            converts_checked += 1;
+            let Some(inner) = by_id.get(&i.operand_ids[0]) else {
+                continue;
+            };
+            if inner.opcode != "convert" {
+                continue;
+            }
+            let Some(source) = by_id.get(&inner.operand_ids[0]) else {
+                continue;
+            };
+            let (a, b, c) = (ty(source), ty(inner), ty(i));
+            assert!(
+                !(is_float(a) && is_float(b) && is_float(c) && a == c && a != b),
+                "{scale_type:?} scales: {} converts {} and back; XLA may delete the rounding",
+                i.name,
+                inner.name
+            );
+        }
+    }
+    assert!(converts_checked > 0, "no converts examined");
+}

@@ -372,8 +372,8 @@ fn shard_key(sharding: Option<&OpSharding>, d: usize) -> Vec<i64> {
     }
 }
 
-/// Parameter shapes and element types of the entry computation.
-fn parameters(m: &HloModuleProto) -> Vec<(String, Vec<i64>)> {
+/// The entry computation's parameters, in parameter order.
+fn entry_parameters(m: &HloModuleProto) -> Vec<&HloInstructionProto> {
     let entry = m
         .computations
         .iter()
@@ -386,6 +386,11 @@ fn parameters(m: &HloModuleProto) -> Vec<(String, Vec<i64>)> {
         .collect();
     params.sort_by_key(|p| p.parameter_number);
     params
+}
+
+/// Parameter shapes and element types of the entry computation.
+fn parameters(m: &HloModuleProto) -> Vec<(String, Vec<i64>)> {
+    entry_parameters(m)
         .iter()
         .map(|p| {
             let s = p.shape.as_ref().unwrap();
@@ -470,18 +475,7 @@ fn shardings(m: &HloModuleProto, check: &Check, n: usize) -> Vec<Option<OpShardi
     if matches!(check, Check::Psum { .. }) {
         return vec![None; n];
     }
-    let entry = m
-        .computations
-        .iter()
-        .find(|c| c.id == m.entry_computation_id)
-        .unwrap();
-    let mut params: Vec<&HloInstructionProto> = entry
-        .instructions
-        .iter()
-        .filter(|i| i.opcode == "parameter")
-        .collect();
-    params.sort_by_key(|p| p.parameter_number);
-    params
+    entry_parameters(m)
         .iter()
         .map(|p| p.sharding.as_deref().cloned())
         .collect()

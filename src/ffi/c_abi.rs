@@ -41,6 +41,21 @@ pub struct EquarxResult {
     pub error: *mut c_char,
 }
 
+impl Default for EquarxResult {
+    /// An empty result for this layout, `struct_size` set: what a Rust
+    /// caller passes to [`equarx_rewrite`].
+    fn default() -> Self {
+        EquarxResult {
+            struct_size: std::mem::size_of::<EquarxResult>(),
+            module: std::ptr::null_mut(),
+            module_len: 0,
+            changed: 0,
+            report_json: std::ptr::null_mut(),
+            error: std::ptr::null_mut(),
+        }
+    }
+}
+
 pub(crate) fn status_of(e: &DoorError) -> c_int {
     match e {
         DoorError::Argument(_) => EQUARX_INVALID_ARGUMENT,
@@ -242,20 +257,29 @@ pub unsafe extern "C" fn equarx_check_options(
     options_json: *const c_char,
     error: *mut *mut c_char,
 ) -> c_int {
-    if !error.is_null() {
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { error.write(std::ptr::null_mut()) };
-    }
     let run = guarded(|| {
         // SAFETY: per the function's contract.
         let json = unsafe { opt_str(options_json, "options_json") }?;
         parse_options(json).map(|_| ())
     });
+    // SAFETY: `error` is null or writable, per the function's contract.
+    unsafe { status_into(run, error) }
+}
+
+/// Writes the status of `run` and, on failure, its message to `*error`.
+///
+/// # Safety
+/// `error` is null or writable.
+pub(crate) unsafe fn status_into(run: Result<(), DoorError>, error: *mut *mut c_char) -> c_int {
+    if !error.is_null() {
+        // SAFETY: per the contract.
+        unsafe { error.write(std::ptr::null_mut()) };
+    }
     match run {
         Ok(()) => EQUARX_OK,
         Err(e) => {
             if !error.is_null() {
-                // SAFETY: as above.
+                // SAFETY: per the contract.
                 unsafe { error.write(c_string(&e.to_string())) };
             }
             status_of(&e)
@@ -279,17 +303,6 @@ pub unsafe extern "C" fn equarx_free_string(s: *mut c_char) {
 mod tests {
     use super::*;
 
-    fn empty_result() -> EquarxResult {
-        EquarxResult {
-            struct_size: std::mem::size_of::<EquarxResult>(),
-            module: std::ptr::null_mut(),
-            module_len: 0,
-            changed: 0,
-            report_json: std::ptr::null_mut(),
-            error: std::ptr::null_mut(),
-        }
-    }
-
     fn error_of(r: &EquarxResult) -> String {
         assert!(!r.error.is_null());
         // SAFETY: set by equarx_rewrite.
@@ -305,9 +318,11 @@ mod tests {
         let s =
             unsafe { equarx_rewrite(std::ptr::null(), 0, std::ptr::null(), std::ptr::null_mut()) };
         assert_eq!(s, EQUARX_INVALID_ARGUMENT);
-        let mut r = empty_result();
-        r.struct_size = 8;
-        r.changed = 77;
+        let mut r = EquarxResult {
+            struct_size: 8,
+            changed: 77,
+            ..Default::default()
+        };
         // SAFETY: valid pointers.
         let s = unsafe { equarx_rewrite(std::ptr::null(), 0, std::ptr::null(), &mut r) };
         assert_eq!(s, EQUARX_INVALID_ARGUMENT);
@@ -319,7 +334,7 @@ mod tests {
 
     #[test]
     fn null_module_with_a_length_is_an_argument_error() {
-        let mut r = empty_result();
+        let mut r = EquarxResult::default();
         // SAFETY: the null module is checked before use.
         let s = unsafe { equarx_rewrite(std::ptr::null(), 5, std::ptr::null(), &mut r) };
         assert_eq!(s, EQUARX_INVALID_ARGUMENT);
@@ -335,7 +350,7 @@ mod tests {
     #[test]
     fn empty_and_garbage_modules_are_module_errors() {
         for input in [&b""[..], &b"\xff\xfe garbage \x00\x01"[..]] {
-            let mut r = empty_result();
+            let mut r = EquarxResult::default();
             // SAFETY: valid slice.
             let s =
                 unsafe { equarx_rewrite(input.as_ptr(), input.len(), std::ptr::null(), &mut r) };

@@ -25,7 +25,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::RwLock;
 
-use super::c_abi::{EQUARX_OK, c_string, opt_str, status_of};
+use super::c_abi::{opt_str, status_into};
 use super::{DoorError, guarded, parse_options, rewrite_bytes};
 use crate::RewriteOptions;
 use crate::io::Format;
@@ -257,32 +257,11 @@ pub unsafe extern "C" fn equarx_pjrt_configure(
     // SAFETY: per the function's contract.
     let run = guarded(|| parse_options(unsafe { opt_str(options_json, "options_json") }?));
     // SAFETY: per the function's contract.
-    unsafe { finish(run.map(set_options), error) }
+    unsafe { status_into(run.map(set_options), error) }
 }
 
 fn set_options(o: RewriteOptions) {
     *OPTIONS.write().unwrap_or_else(|p| p.into_inner()) = Some(o);
-}
-
-/// Writes the status of `run` and, on failure, its message to `*error`.
-///
-/// # Safety
-/// `error` is null or writable.
-unsafe fn finish(run: Result<(), DoorError>, error: *mut *mut c_char) -> c_int {
-    if !error.is_null() {
-        // SAFETY: per the contract.
-        unsafe { error.write(std::ptr::null_mut()) };
-    }
-    match run {
-        Ok(()) => EQUARX_OK,
-        Err(e) => {
-            if !error.is_null() {
-                // SAFETY: per the contract.
-                unsafe { error.write(c_string(&e.to_string())) };
-            }
-            status_of(&e)
-        }
-    }
 }
 
 /// `PJRT_XlaTransform_Callbacks* equarx_pjrt_callbacks(void)`: a static
@@ -353,7 +332,7 @@ pub unsafe extern "C" fn equarx_pjrt_register(
         }
     });
     // SAFETY: per the function's contract.
-    unsafe { finish(run, error) }
+    unsafe { status_into(run, error) }
 }
 
 /// # Safety

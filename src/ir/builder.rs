@@ -369,13 +369,23 @@ impl<'m> Builder<'m> {
         pairs: &[(i64, i64)],
         channel: Option<i64>,
     ) -> Value {
-        let mut i = Self::op("collective-permute");
+        self.add(
+            Self::with_pairs(Self::op("collective-permute"), pairs, channel),
+            &[x],
+        )
+    }
+
+    fn with_pairs(
+        mut i: HloInstructionProto,
+        pairs: &[(i64, i64)],
+        channel: Option<i64>,
+    ) -> HloInstructionProto {
         i.source_target_pairs = pairs
             .iter()
             .map(|&(source, target)| SourceTarget { source, target })
             .collect();
         i.channel_id = channel.unwrap_or(0);
-        self.add(i, &[x])
+        i
     }
 
     /// The async form of [`Builder::collective_permute`]: a start whose
@@ -389,13 +399,8 @@ impl<'m> Builder<'m> {
     ) -> Value {
         let u32s = shape::scalar(PrimitiveType::U32);
         let shape = shape::tuple(vec![x.shape.clone(), x.shape.clone(), u32s.clone(), u32s]);
-        let mut i = Self::op_with_shape("collective-permute-start", shape);
-        i.source_target_pairs = pairs
-            .iter()
-            .map(|&(source, target)| SourceTarget { source, target })
-            .collect();
-        i.channel_id = channel.unwrap_or(0);
-        self.add(i, &[x])
+        let i = Self::op_with_shape("collective-permute-start", shape);
+        self.add(Self::with_pairs(i, pairs, channel), &[x])
     }
 
     pub fn collective_permute_done(&mut self, start: &Value) -> Value {

@@ -1622,32 +1622,30 @@ fn literal_values(l: &LiteralProto, ty: i32, n: usize) -> Result<Vec<String>, St
 
 /// Shortest text that reads back to the same f32.
 fn float_text_f32(x: f32) -> String {
-    if x.is_nan() {
-        return nan_text(x.is_sign_negative());
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "inf".into() } else { "-inf".into() };
-    }
-    // XLA reads `-0` as the integer 0 (+0.0); `-0.0` keeps the sign.
-    if x == 0.0 && x.is_sign_negative() {
-        return "-0.0".into();
-    }
-    let s = format!("{x:?}");
-    s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
+    special_float_text(x.is_nan(), x.is_infinite(), x.is_sign_negative(), x == 0.0)
+        .unwrap_or_else(|| shortest(format!("{x:?}")))
 }
 
+/// Shortest text that reads back to the same f64.
 fn float_text(x: f64) -> String {
-    if x.is_nan() {
-        return nan_text(x.is_sign_negative());
+    special_float_text(x.is_nan(), x.is_infinite(), x.is_sign_negative(), x == 0.0)
+        .unwrap_or_else(|| shortest(format!("{x:?}")))
+}
+
+/// NaN, infinities and -0 as XLA's parser reads them; `None` for the rest.
+fn special_float_text(nan: bool, inf: bool, negative: bool, zero: bool) -> Option<String> {
+    if nan {
+        return Some(nan_text(negative));
     }
-    if x.is_infinite() {
-        return if x > 0.0 { "inf".into() } else { "-inf".into() };
+    if inf {
+        return Some(if negative { "-inf" } else { "inf" }.into());
     }
     // XLA reads `-0` as the integer 0 (+0.0); `-0.0` keeps the sign.
-    if x == 0.0 && x.is_sign_negative() {
-        return "-0.0".into();
-    }
-    let s = format!("{x:?}");
+    (zero && negative).then(|| "-0.0".into())
+}
+
+/// `1.0` prints as `1`: XLA reads an integer literal into a float.
+fn shortest(s: String) -> String {
     s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
 }
 

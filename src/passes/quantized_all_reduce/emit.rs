@@ -274,10 +274,18 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 self.b.bitcast_convert(&bits, PrimitiveType::F32)
             }
             // bf16 has 8 significant bits; codes are computed against the
-            // scale that travels, so codes and scale agree.
+            // scale that travels, so codes and scale agree. The way back to
+            // f32 goes through the bits (bf16 → u16 → high half of an s32):
+            // a plain convert round trip f32 → bf16 → f32 is what XLA
+            // deletes under xla_allow_excess_precision (its default), which
+            // would leave the codes computed against the unrounded scale.
             ScaleType::Bf16 => {
                 let wire = self.b.convert(&raw, PrimitiveType::Bf16);
-                self.b.convert(&wire, PrimitiveType::F32)
+                let half = self.b.bitcast_convert(&wire, PrimitiveType::U16);
+                let wide = self.b.convert(&half, PrimitiveType::S32);
+                let sixteen = self.splat(Const::S32(16), &[nb]);
+                let bits = self.b.binary("shift-left", &wide, &sixteen);
+                self.b.bitcast_convert(&bits, PrimitiveType::F32)
             }
         };
         // One reciprocal per block, then multiplies: XLA rewrites a division
