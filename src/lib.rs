@@ -18,7 +18,7 @@ pub mod text;
 pub mod verify;
 
 pub use io::DeviceCounts;
-pub use passes::quantized_all_reduce::{GatherForm, OpReport, Options, ScaleType};
+pub use passes::quantized_all_reduce::{FuseMode, GatherForm, OpReport, Options, ScaleType};
 
 use passes::quantized_all_reduce::QuantizedAllReduce;
 use passes::{Pass, PassRun, Pipeline, PipelineError};

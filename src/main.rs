@@ -11,7 +11,7 @@ use equarx::numerics::simulate::{self, Distribution};
 use equarx::passes::quantized_all_reduce::parse_element_types;
 use equarx::passes::{DumpStage, Pipeline};
 use equarx::text::{PrintOptions, print_module_with};
-use equarx::{GatherForm, OpReport, Options, RewriteOptions, ScaleType};
+use equarx::{FuseMode, GatherForm, OpReport, Options, RewriteOptions, ScaleType};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -135,6 +135,12 @@ struct PassArgs {
     /// How the reduced chunks are gathered.
     #[arg(long, value_enum, default_value = "all-gather")]
     gather: GatherForm,
+    /// Outline the emitted quantize / dequantize chains into loop fusions:
+    /// `auto` does when the module already holds fusions (XLA's fusion
+    /// pass has run, e.g. a dump after optimizations or the pre-scheduler
+    /// hook), where each unfused op would otherwise be a kernel of its own.
+    #[arg(long, value_enum, default_value = "auto")]
+    fuse: FuseMode,
     /// Replicas the module runs with, if the module does not say.
     #[arg(long)]
     replica_count: Option<i64>,
@@ -286,6 +292,7 @@ fn pass_options(a: &PassArgs) -> Result<RewriteOptions> {
                 .map_err(|e| anyhow::anyhow!("--types: {e}"))?,
             scale_type: a.scale_type,
             gather: a.gather,
+            fuse: a.fuse,
         },
         counts: DeviceCounts {
             replica_count: a.replica_count,

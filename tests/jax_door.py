@@ -114,6 +114,9 @@ def main():
     result["equarx"] = {
         "compile_s": secs,
         "s8_collective_permutes": count_s8_permutes(text),
+        # The hook runs after XLA's fusion: equarx outlines its ops into
+        # loop fusions of its own (fuse="auto").
+        "equarx_fusions": len(re.findall(r"fusion\(.*calls=%?equarx_fused", text)),
         "s8_permute_example": next(
             (l.strip()[:160] for l in text.splitlines() if S8_PERMUTE.search(l)), None
         ),

@@ -52,6 +52,10 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
 
     let e = &r["equarx"];
     assert!(
+        e["equarx_fusions"].as_u64().unwrap_or(0) > 0,
+        "after XLA's fusion equarx emits loop fusions: {e}"
+    );
+    assert!(
         e["s8_collective_permutes"].as_u64().unwrap_or(0) > 0,
         "no s8 collective-permute in the compiled HLO: {e}"
     );

@@ -384,3 +384,66 @@ fn no_float_round_trip_that_xla_may_delete() {
     }
     assert!(converts_checked > 0, "no converts examined");
 }
+
+/// After XLA's fusion (a dump after optimizations, the pre-scheduler hook)
+/// the ring's ops are outlined into loop fusions: each fused computation is
+/// marked, called by exactly one `kLoop` fusion, holds no collective, and a
+/// reduce in it is its root (never recomputed per element). Before fusion,
+/// or with `fuse = off`, nothing is outlined.
+#[test]
+fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
+    let fused_comps = |m: &HloModuleProto| -> Vec<i64> {
+        m.computations
+            .iter()
+            .filter(|c| c.name.starts_with("equarx_fused"))
+            .map(|c| c.id)
+            .collect()
+    };
+    for file in ["psum_bf16_p8_after_opt.pb", "tp_block_after_opt.pb"] {
+        let loaded = load(&common::fixtures_dir().join(file));
+        let out = equarx::rewrite(loaded.module.clone(), loaded.counts, &options(|_| {}))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(out.report.iter().any(|r| r.rewritten), "{file}");
+        let m = &out.module;
+        let comps = fused_comps(m);
+        assert!(!comps.is_empty(), "{file}: no loop fusions");
+        for &id in &comps {
+            let c = m.computations.iter().find(|c| c.id == id).unwrap();
+            assert!(c.is_fusion_computation, "{file}: {} not marked", c.name);
+            let callers: Vec<&HloInstructionProto> = m
+                .computations
+                .iter()
+                .flat_map(|c| &c.instructions)
+                .filter(|i| i.called_computation_ids.contains(&id))
+                .collect();
+            assert_eq!(callers.len(), 1, "{file}: {} callers", c.name);
+            assert_eq!(callers[0].opcode, "fusion");
+            assert_eq!(callers[0].fusion_kind, "kLoop");
+            for i in &c.instructions {
+                assert!(
+                    !i.opcode.starts_with("collective") && !i.opcode.starts_with("all-"),
+                    "{file}: {} holds {}",
+                    c.name,
+                    i.opcode
+                );
+                if i.opcode == "reduce" {
+                    assert_eq!(i.id, c.root_id, "{file}: a reduce inside {}", c.name);
+                }
+            }
+        }
+        let off = equarx::rewrite(
+            loaded.module,
+            loaded.counts,
+            &options(|o| o.fuse = equarx::FuseMode::Off),
+        )
+        .unwrap();
+        assert!(fused_comps(&off.module).is_empty(), "{file}: fuse = off");
+    }
+    let unfused = load(&common::fixtures_dir().join("psum_bf16_p8.pb"));
+    let out = equarx::rewrite(unfused.module, unfused.counts, &options(|_| {})).unwrap();
+    assert!(out.report.iter().any(|r| r.rewritten));
+    assert!(
+        fused_comps(&out.module).is_empty(),
+        "before XLA's fusion, fusion is left to XLA"
+    );
+}

@@ -15,7 +15,7 @@ use common::{run_xla, scratch};
 use equarx::io::DeviceCounts;
 use equarx::proto::{HloModuleProto, PrimitiveType};
 use equarx::text::{PrintOptions, print_module_with};
-use equarx::{GatherForm, RewriteOptions, ScaleType};
+use equarx::{FuseMode, GatherForm, RewriteOptions, ScaleType};
 use serde_json::json;
 
 struct Case {
@@ -64,7 +64,14 @@ fn positives() -> Vec<Case> {
     }
     let mut async_pair = p8();
     make_async(&mut async_pair);
-    let f32_only = || opts(|o| o.element_types = vec![PrimitiveType::F32]);
+    // The tuple fixture is fused (wrapped converts): `off` keeps its
+    // snapshot about packing; `fused_loops` shows the fusions.
+    let f32_only = || {
+        opts(|o| {
+            o.element_types = vec![PrimitiveType::F32];
+            o.fuse = FuseMode::Off;
+        })
+    };
     vec![
         case("p8_flattened_ids", p8(), opts(|_| {})),
         case("p4_two_groups_of_4", load("psum_bf16_2x4.pb"), opts(|_| {})),
@@ -104,6 +111,8 @@ fn positives() -> Vec<Case> {
             opts(|o| o.gather = GatherForm::Permute),
         ),
         case("f32_scales", p8(), opts(|o| o.scale_type = ScaleType::F32)),
+        // As after XLA's fusion: the ring's chains outlined into kLoop fusions.
+        case("fused_loops", p8(), opts(|o| o.fuse = FuseMode::On)),
     ]
 }
 

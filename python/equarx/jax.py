@@ -66,6 +66,7 @@ def options(
     types: Iterable[str] | None = None,
     scale_type: str | None = None,
     gather: str | None = None,
+    fuse: str | None = None,
     replica_count: int | None = None,
     num_partitions: int | None = None,
     disabled_passes: Iterable[str] | None = None,
@@ -83,6 +84,7 @@ def options(
         "types": None if types is None else list(types),
         "scale_type": scale_type,
         "gather": gather,
+        "fuse": fuse,
         "replica_count": replica_count,
         "num_partitions": num_partitions,
         "disabled_passes": None if disabled_passes is None else list(disabled_passes),
@@ -113,7 +115,9 @@ def enable(
 
     ``pass_options`` are those of :func:`options` (block_size,
     pipeline_depth, bidirectional, min_payload, types, scale_type, gather,
-    replica_count, num_partitions, disabled_passes). They are checked now:
+    fuse, replica_count, num_partitions, disabled_passes). At the
+    pre-scheduler stage XLA has fused the module, so ``fuse="auto"`` (the
+    default) outlines equarx's ops into loop fusions of their own. They are checked now:
     invalid ones raise :class:`equarx.EquarxError` with equarx's message.
     Enabling again replaces the previous registration.
     """

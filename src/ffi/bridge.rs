@@ -111,6 +111,9 @@ fn to_options(o: &PassOptions) -> Result<crate::RewriteOptions, DoorError> {
         } else {
             GatherForm::AllGather
         },
+        // The C++ pass sits before XLA's fusion in a pipeline, or after it
+        // in a fused module: `auto` tells the two apart.
+        fuse: crate::FuseMode::Auto,
     };
     let counts = DeviceCounts {
         replica_count: count(o.replica_count),

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use crate::io::{self, Format, FormatError};
 use crate::passes::quantized_all_reduce::parse_element_types;
 use crate::proto::PrimitiveType;
-use crate::{DeviceCounts, GatherForm, Options, RewriteOptions, ScaleType};
+use crate::{DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, ScaleType};
 
 /// Why a door call failed. The variants map to the C ABI's status codes.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ pub enum DoorError {
 /// ```json
 /// {"block_size": 64, "pipeline_depth": 2, "bidirectional": true,
 ///  "min_payload_bytes": null, "topology": "v5e", "types": ["bf16"], "scale_type": "bf16",
-///  "gather": "all-gather", "replica_count": null, "num_partitions": null,
+///  "gather": "all-gather", "fuse": "auto", "replica_count": null, "num_partitions": null,
 ///  "disabled_passes": []}
 /// ```
 #[derive(Debug, Deserialize)]
@@ -70,6 +70,8 @@ pub struct JsonOptions {
     pub types: Vec<String>,
     pub scale_type: ScaleType,
     pub gather: GatherForm,
+    /// `auto` (loop fusions when the module is already fused), `on`, `off`.
+    pub fuse: FuseMode,
     /// Overrides what the module says (e.g. its `device_assignment`).
     pub replica_count: Option<i64>,
     pub num_partitions: Option<i64>,
@@ -88,6 +90,7 @@ impl Default for JsonOptions {
             types: o.element_types.iter().map(|t| type_name(*t)).collect(),
             scale_type: o.scale_type,
             gather: o.gather,
+            fuse: o.fuse,
             replica_count: None,
             num_partitions: None,
             disabled_passes: Vec::new(),
@@ -117,6 +120,7 @@ impl JsonOptions {
             element_types,
             scale_type: self.scale_type,
             gather: self.gather,
+            fuse: self.fuse,
         };
         let counts = DeviceCounts {
             replica_count: self.replica_count,

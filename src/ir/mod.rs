@@ -136,6 +136,14 @@ impl Computation {
     }
 }
 
+/// `add.12` → `add`: the part of a name before XLA's numeric suffix.
+fn base_name(name: &str) -> &str {
+    match name.rsplit_once('.') {
+        Some((base, n)) if !base.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => name,
+    }
+}
+
 /// Edits to one computation, applied together by [`Module::apply`].
 #[derive(Debug, Default)]
 pub struct Edits {
@@ -383,43 +391,72 @@ impl Module {
         opcode: &str,
         ty: PrimitiveType,
     ) -> CompId {
-        let id = CompId(self.comps.iter().map(|c| c.header.id).max().unwrap_or(0) + 1);
         let s = shape::scalar(ty);
-        let mut instrs = Vec::new();
-        for (n, pname) in ["lhs", "rhs"].into_iter().enumerate() {
-            instrs.push(HloInstructionProto {
-                name: self.fresh_name(pname),
+        let mut instrs: Vec<HloInstructionProto> = ["lhs", "rhs"]
+            .into_iter()
+            .enumerate()
+            .map(|(n, name)| HloInstructionProto {
+                name: name.into(),
                 opcode: "parameter".into(),
                 shape: Some(s.clone()),
                 parameter_number: n as i64,
+                id: n as i64,
                 ..Default::default()
-            });
-        }
+            })
+            .collect();
         instrs.push(HloInstructionProto {
-            name: self.fresh_name(opcode),
+            name: opcode.into(),
             opcode: opcode.into(),
             shape: Some(s.clone()),
+            operand_ids: vec![0, 1],
+            id: 2,
             ..Default::default()
         });
-        for instr in &mut instrs {
-            instr.id = self.fresh_instr_id(id).0;
-        }
-        instrs[2].operand_ids = vec![instrs[0].id, instrs[1].id];
-        let root = instrs[2].id;
-        let ids: Vec<i64> = instrs.iter().map(|i| i.id).collect();
         let comp = HloComputationProto {
-            name: self.fresh_name(base_name),
+            name: base_name.into(),
             instructions: instrs,
             program_shape: Some(ProgramShapeProto {
                 parameters: vec![s.clone(), s.clone()],
                 result: Some(s),
                 parameter_names: vec!["lhs".into(), "rhs".into()],
             }),
-            id: id.0,
-            root_id: root,
+            root_id: 2,
             ..Default::default()
         };
-        if self.is_scheduled() {
+        self.add_computation(comp, false, None)
+    }
+
+    /// Adds `comp` just before computation `before` (its caller: callees
+    /// come first in a module proto, XLA reads them in order), or in front
+    /// of all others. Its instruction ids are local stand-ins (operand
+    /// and root ids refer to them): each gets a fresh id, and it and every
+    /// instruction a fresh name based on its own. A fusion computation is
+    /// marked so; any other gets a sequence in a scheduled module.
+    pub fn add_computation(
+        &mut self,
+        mut comp: HloComputationProto,
+        fusion: bool,
+        before: Option<CompId>,
+    ) -> CompId {
+        let id = CompId(self.comps.iter().map(|c| c.header.id).max().unwrap_or(0) + 1);
+        let mut new_id: HashMap<i64, i64> = HashMap::default();
+        for instr in &mut comp.instructions {
+            let fresh = self.fresh_instr_id(id).0;
+            new_id.insert(instr.id, fresh);
+            instr.id = fresh;
+            instr.name = self.fresh_name(base_name(&instr.name));
+        }
+        for instr in &mut comp.instructions {
+            for o in &mut instr.operand_ids {
+                *o = new_id.get(o).copied().unwrap_or(*o);
+            }
+        }
+        comp.root_id = new_id.get(&comp.root_id).copied().unwrap_or(comp.root_id);
+        comp.id = id.0;
+        comp.name = self.fresh_name(&comp.name);
+        comp.is_fusion_computation = fusion;
+        if !fusion && self.is_scheduled() {
+            let ids = comp.instructions.iter().map(|i| i.id).collect();
             if let Some(sched) = self.header.schedule.as_mut() {
                 sched.sequences.insert(
                     id.0,
@@ -429,7 +466,10 @@ impl Module {
                 );
             }
         }
-        self.comps.insert(0, Computation::new(comp));
+        let at = before
+            .and_then(|b| self.comp_pos.get(&b).copied())
+            .unwrap_or(0);
+        self.comps.insert(at, Computation::new(comp));
         self.comp_pos = self
             .comps
             .iter()

@@ -38,6 +38,7 @@
 
 pub mod eligibility;
 pub mod emit;
+pub mod fuse;
 pub mod groups;
 pub mod plan;
 
@@ -67,6 +68,30 @@ pub enum GatherForm {
     AllGather,
     /// P−1 `collective-permute` hops per lane round the same ring.
     Permute,
+}
+
+/// Whether the emitted ops are outlined into loop fusions.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum FuseMode {
+    /// When the module already holds fusions (the compiler's fusion pass
+    /// has run, as at XLA's pre-scheduler hook); not before.
+    #[default]
+    Auto,
+    /// Always: for a pass position after fusion in a module without any.
+    On,
+    /// Never: leave fusion to the compiler.
+    Off,
 }
 
 /// The pass's options.
@@ -100,6 +125,8 @@ pub struct Options {
     pub element_types: Vec<PrimitiveType>,
     pub scale_type: ScaleType,
     pub gather: GatherForm,
+    /// Outline the quantize / dequantize chains into loop fusions.
+    pub fuse: FuseMode,
 }
 
 impl Default for Options {
@@ -113,6 +140,7 @@ impl Default for Options {
             element_types: vec![PrimitiveType::Bf16],
             scale_type: ScaleType::Bf16,
             gather: GatherForm::AllGather,
+            fuse: FuseMode::Auto,
         }
     }
 }
@@ -320,6 +348,14 @@ impl Pass for QuantizedAllReduce {
         let mut reducers = None;
         let mut changed = false;
         let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
+        let fuse = match self.options.fuse {
+            FuseMode::On => true,
+            FuseMode::Off => false,
+            FuseMode::Auto => module
+                .computations()
+                .iter()
+                .any(|c| c.instructions().iter().any(|i| i.opcode == "fusion")),
+        };
         for comp_id in comp_ids {
             let Some(comp) = module.computation(comp_id) else {
                 continue;
@@ -391,7 +427,16 @@ impl Pass for QuantizedAllReduce {
                     }
                 }
             }
+            let emitted: rustc_hash::FxHashSet<i64> = edits
+                .insert_before
+                .values()
+                .flatten()
+                .map(|i| i.id)
+                .collect();
             module.apply(comp_id, edits);
+            if fuse && !emitted.is_empty() {
+                fuse::fuse_emitted(module, comp_id, &emitted);
+            }
         }
         Ok(changed)
     }

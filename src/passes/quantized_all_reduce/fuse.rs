@@ -1,0 +1,279 @@
+//! Loop fusions for a module that is already fused.
+//!
+//! A compiler that runs the pass late (XLA's pre-scheduler hook, where the
+//! JAX door sits) has done its fusion: every new elementwise op would run
+//! as a kernel of its own, one trip through memory each. Here the ring's
+//! quantize and dequantize-add chains are outlined into `kLoop` fusions the
+//! way XLA's own instruction fusion would make them:
+//!
+//! - consumers first, a producer joins its consumer's fusion when every
+//!   user of the producer is in that fusion (nothing is computed twice and
+//!   no cycle can form: only a fusion's root is used outside it);
+//! - a `reduce` (the blocks' absolute maximum, the scales' byte merge) is
+//!   only ever a fusion's root: fused into an elementwise consumer it would
+//!   be recomputed for every element of its block;
+//! - constants, iotas and broadcasts of constants are copied into every
+//!   fusion that uses them rather than passed in;
+//! - collectives, parameters, tuples and the rank lookup stay outside.
+//!
+//! Only instructions the pass emitted are touched.
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use crate::ir::{CompId, Edits, InstrId, Module};
+use crate::proto::{HloComputationProto, HloInstructionProto, ProgramShapeProto};
+
+/// Ops a loop fusion may hold.
+fn fusible(i: &HloInstructionProto) -> bool {
+    matches!(
+        i.opcode.as_str(),
+        "abs"
+            | "add"
+            | "and"
+            | "bitcast-convert"
+            | "broadcast"
+            | "clamp"
+            | "compare"
+            | "concatenate"
+            | "constant"
+            | "convert"
+            | "divide"
+            | "dynamic-slice"
+            | "iota"
+            | "maximum"
+            | "minimum"
+            | "multiply"
+            | "negate"
+            | "or"
+            | "pad"
+            | "reduce"
+            | "remainder"
+            | "reshape"
+            | "round-nearest-even"
+            | "select"
+            | "shift-left"
+            | "shift-right-logical"
+            | "slice"
+            | "subtract"
+    )
+}
+
+/// Cheap to recompute anywhere: copied into each fusion that reads it.
+fn copied(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
+    match i.opcode.as_str() {
+        "constant" | "iota" => true,
+        "broadcast" => i
+            .operand_ids
+            .first()
+            .and_then(|o| by_id.get(o))
+            .is_some_and(|o| o.opcode == "constant"),
+        _ => false,
+    }
+}
+
+/// Outlines the fusible instructions among `emitted` (ids in computation
+/// `comp`) into loop fusions; returns how many fusions were made.
+pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -> usize {
+    let Some(c) = module.computation(comp) else {
+        return 0;
+    };
+    let root_of_comp = c.root_id().0;
+    let users = c.users();
+    let by_id: HashMap<i64, &HloInstructionProto> =
+        c.instructions().iter().map(|i| (i.id, i)).collect();
+    let eligible = |id: i64| {
+        emitted.contains(&id)
+            && by_id
+                .get(&id)
+                .is_some_and(|i| fusible(i) && i.control_predecessor_ids.is_empty())
+    };
+
+    // Group membership: instruction id → the id of its fusion's root.
+    let mut group: HashMap<i64, i64> = HashMap::default();
+    for instr in c.instructions().iter().rev() {
+        if !eligible(instr.id) || copied(instr, &by_id) {
+            continue;
+        }
+        let root = *group.entry(instr.id).or_insert(instr.id);
+        for &op in &instr.operand_ids {
+            let Some(p) = by_id.get(&op) else { continue };
+            if group.contains_key(&op)
+                || !eligible(op)
+                || copied(p, &by_id)
+                || p.opcode == "reduce"
+                || op == root_of_comp
+            {
+                continue;
+            }
+            let all_inside = users.get(&InstrId(op)).is_some_and(|us| {
+                !us.is_empty() && us.iter().all(|u| group.get(&u.0) == Some(&root))
+            });
+            if all_inside {
+                group.insert(op, root);
+            }
+        }
+    }
+
+    // Members per root, in instruction order; single ops stay as they are.
+    let mut members: HashMap<i64, Vec<i64>> = HashMap::default();
+    for instr in c.instructions() {
+        if let Some(&root) = group.get(&instr.id) {
+            members.entry(root).or_default().push(instr.id);
+        }
+    }
+    let mut roots: Vec<i64> = members
+        .iter()
+        .filter(|(_, m)| m.len() > 1)
+        .map(|(&r, _)| r)
+        .collect();
+    roots.sort_unstable_by_key(|r| c.position(InstrId(*r)));
+
+    let mut outlined = Vec::with_capacity(roots.len());
+    for root in roots {
+        let ids = &members[&root];
+        outlined.push(outline(&by_id, ids, root));
+    }
+
+    let mut edits = Edits::default();
+    let made = outlined.len();
+    for o in outlined {
+        let fused = module.add_computation(o.body, true, Some(comp));
+        let name = module.fresh_name("equarx_fusion");
+        let Some(c) = module.computation_mut(comp) else {
+            break;
+        };
+        let Some(root) = c.get_mut(InstrId(o.root)) else {
+            continue;
+        };
+        // The fusion takes the root's id and place: its users need no edit,
+        // and every operand it reads precedes the root already.
+        *root = HloInstructionProto {
+            id: root.id,
+            name,
+            opcode: "fusion".into(),
+            shape: root.shape.take(),
+            metadata: root.metadata.take(),
+            fusion_kind: "kLoop".into(),
+            operand_ids: o.params,
+            called_computation_ids: vec![fused.0],
+            ..Default::default()
+        };
+        edits
+            .remove
+            .extend(o.members.into_iter().filter(|&m| m != o.root).map(InstrId));
+    }
+    module.apply(comp, edits);
+    // Constants, iotas and broadcasts the fusions copied may be dead now.
+    for _ in 0..2 {
+        let Some(c) = module.computation(comp) else {
+            break;
+        };
+        let used: HashSet<i64> = c
+            .instructions()
+            .iter()
+            .flat_map(|i| i.operand_ids.iter().copied())
+            .collect();
+        let mut dead = Edits::default();
+        for i in c.instructions() {
+            let cheap = matches!(i.opcode.as_str(), "constant" | "iota" | "broadcast");
+            if emitted.contains(&i.id) && cheap && !used.contains(&i.id) && i.id != root_of_comp {
+                dead.remove.insert(InstrId(i.id));
+            }
+        }
+        if dead.is_empty() {
+            break;
+        }
+        module.apply(comp, dead);
+    }
+    made
+}
+
+/// One fusion to make: the fused computation (ids still to be assigned by
+/// [`Module::add_computation`]) and what the fusion instruction reads.
+struct Outline {
+    root: i64,
+    members: Vec<i64>,
+    params: Vec<i64>,
+    body: HloComputationProto,
+}
+
+fn outline(by_id: &HashMap<i64, &HloInstructionProto>, members: &[i64], root: i64) -> Outline {
+    let inside: HashSet<i64> = members.iter().copied().collect();
+    // Old id → index in `body` (ids are given later; the index stands in).
+    let mut local: HashMap<i64, i64> = HashMap::default();
+    let mut body: Vec<HloInstructionProto> = Vec::new();
+    let mut params: Vec<i64> = Vec::new();
+    let mut param_shapes = Vec::new();
+
+    // Copies `id` (a copied op, with its operands) into the body.
+    fn copy_in(
+        id: i64,
+        by_id: &HashMap<i64, &HloInstructionProto>,
+        local: &mut HashMap<i64, i64>,
+        body: &mut Vec<HloInstructionProto>,
+    ) -> i64 {
+        if let Some(&l) = local.get(&id) {
+            return l;
+        }
+        let mut i = by_id[&id].clone();
+        i.operand_ids = i
+            .operand_ids
+            .iter()
+            .map(|&o| copy_in(o, by_id, local, body))
+            .collect();
+        let l = body.len() as i64;
+        i.id = l;
+        body.push(i);
+        local.insert(id, l);
+        l
+    }
+
+    for &m in members {
+        let instr = by_id[&m];
+        for &op in &instr.operand_ids {
+            if inside.contains(&op) || local.contains_key(&op) {
+                continue;
+            }
+            let Some(p) = by_id.get(&op) else { continue };
+            if copied(p, by_id) {
+                copy_in(op, by_id, &mut local, &mut body);
+            } else {
+                let l = body.len() as i64;
+                body.push(HloInstructionProto {
+                    name: format!("param_{}", params.len()),
+                    opcode: "parameter".into(),
+                    shape: p.shape.clone(),
+                    parameter_number: params.len() as i64,
+                    id: l,
+                    ..Default::default()
+                });
+                param_shapes.push(p.shape.clone().unwrap_or_default());
+                params.push(op);
+                local.insert(op, l);
+            }
+        }
+        let mut i = instr.clone();
+        i.operand_ids = i.operand_ids.iter().map(|o| local[o]).collect();
+        let l = body.len() as i64;
+        i.id = l;
+        body.push(i);
+        local.insert(m, l);
+    }
+    let result = by_id[&root].shape.clone();
+    Outline {
+        root,
+        members: members.to_vec(),
+        params,
+        body: HloComputationProto {
+            name: "equarx_fused".into(),
+            root_id: local[&root],
+            program_shape: Some(ProgramShapeProto {
+                parameters: param_shapes,
+                result,
+                parameter_names: vec![],
+            }),
+            instructions: body,
+            ..Default::default()
+        },
+    }
+}
