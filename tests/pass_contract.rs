@@ -419,6 +419,13 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
             assert_eq!(callers.len(), 1, "{file}: {} callers", c.name);
             assert_eq!(callers[0].opcode, "fusion");
             assert_eq!(callers[0].fusion_kind, "kLoop");
+            assert!(
+                c.instructions
+                    .iter()
+                    .any(|i| i.opcode != "parameter" && i.opcode != "reshape"),
+                "{file}: {} only moves bytes (a copy); it should be a bitcast",
+                c.name
+            );
             for i in &c.instructions {
                 assert!(
                     !i.opcode.starts_with("collective") && !i.opcode.starts_with("all-"),

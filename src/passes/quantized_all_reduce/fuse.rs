@@ -121,12 +121,38 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
             members.entry(root).or_default().push(instr.id);
         }
     }
+    // A group of nothing but reshapes moves no data: as a fusion it would
+    // become a copy. Those stay out, and become bitcasts below.
+    let only_reshapes = |m: &[i64]| {
+        m.iter()
+            .all(|id| by_id.get(id).is_some_and(|i| i.opcode == "reshape"))
+    };
     let mut roots: Vec<i64> = members
         .iter()
-        .filter(|(_, m)| m.len() > 1)
+        .filter(|(_, m)| m.len() > 1 && !only_reshapes(m))
         .map(|(&r, _)| r)
         .collect();
     roots.sort_unstable_by_key(|r| c.position(InstrId(*r)));
+    // Reshapes left outside every fusion whose layouts make them a
+    // reinterpretation of the same bytes: `bitcast`, as XLA's own
+    // simplifier has made every such reshape by this stage (a reshape
+    // left as it is runs as a copy).
+    let bitcasts: Vec<i64> = c
+        .instructions()
+        .iter()
+        .filter(|i| {
+            i.opcode == "reshape"
+                && emitted.contains(&i.id)
+                && members
+                    .get(group.get(&i.id).unwrap_or(&i.id))
+                    .is_none_or(|m| m.len() == 1 || only_reshapes(m))
+                && i.operand_ids
+                    .first()
+                    .and_then(|o| by_id.get(o))
+                    .is_some_and(|o| row_major(o) && row_major(i))
+        })
+        .map(|i| i.id)
+        .collect();
 
     let mut outlined = Vec::with_capacity(roots.len());
     for root in roots {
@@ -134,6 +160,13 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
         outlined.push(outline(&by_id, ids, root));
     }
 
+    if let Some(c) = module.computation_mut(comp) {
+        for id in bitcasts {
+            if let Some(i) = c.get_mut(InstrId(id)) {
+                i.opcode = "bitcast".into();
+            }
+        }
+    }
     let mut edits = Edits::default();
     let made = outlined.len();
     for o in outlined {
@@ -186,6 +219,20 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
         module.apply(comp, dead);
     }
     made
+}
+
+/// An array laid out row-major (dimension 0 most major), the layout
+/// whose bytes a reshape keeps in order.
+fn row_major(i: &HloInstructionProto) -> bool {
+    i.shape.as_ref().is_some_and(|s| {
+        let rank = s.dimensions.len() as i64;
+        s.tuple_shapes.is_empty()
+            && s.layout.as_ref().is_some_and(|l| {
+                l.minor_to_major.iter().copied().eq((0..rank).rev())
+                    && l.tiles.is_empty()
+                    && l.memory_space == 0
+            })
+    })
 }
 
 /// One fusion to make: the fused computation (ids still to be assigned by
