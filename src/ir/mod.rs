@@ -479,6 +479,21 @@ impl Module {
         id
     }
 
+    /// Drops computation `comp` (and its schedule sequence); nothing may
+    /// call it any more.
+    pub fn remove_computation(&mut self, comp: CompId) {
+        self.comps.retain(|c| c.id() != comp);
+        self.comp_pos = self
+            .comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id(), i))
+            .collect();
+        if let Some(sched) = self.header.schedule.as_mut() {
+            sched.sequences.remove(&comp.0);
+        }
+    }
+
     fn sequence_mut(&mut self, comp: CompId) -> Option<&mut Vec<i64>> {
         self.header
             .schedule

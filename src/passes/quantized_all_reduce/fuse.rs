@@ -58,17 +58,40 @@ fn fusible(i: &HloInstructionProto) -> bool {
     )
 }
 
-/// Cheap to recompute anywhere: copied into each fusion that reads it.
-fn copied(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
-    match i.opcode.as_str() {
-        "constant" | "iota" => true,
-        "broadcast" => i
-            .operand_ids
-            .first()
-            .and_then(|o| by_id.get(o))
-            .is_some_and(|o| o.opcode == "constant"),
-        _ => false,
+/// The emitted ops that are cheap to recompute wherever they are read, and
+/// so are copied into each fusion that reads them instead of being made
+/// once into a buffer: constants, iotas, broadcasts of constants, and the
+/// reshaping (convert, reshape, pad, concatenate) of the ring's inputs,
+/// which every hop reads a different slice of.
+fn copied_ops(
+    c: &crate::ir::Computation,
+    emitted: &HashSet<i64>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+) -> HashSet<i64> {
+    let mut copied: HashSet<i64> = HashSet::default();
+    for i in c.instructions() {
+        if !emitted.contains(&i.id) || !i.control_predecessor_ids.is_empty() {
+            continue;
+        }
+        let yes = match i.opcode.as_str() {
+            "constant" | "iota" => true,
+            "broadcast" => i
+                .operand_ids
+                .first()
+                .and_then(|o| by_id.get(o))
+                .is_some_and(|o| o.opcode == "constant"),
+            // Reads only the inputs (from outside the ring) and constants.
+            "convert" | "reshape" | "pad" | "concatenate" => i
+                .operand_ids
+                .iter()
+                .all(|o| !emitted.contains(o) || copied.contains(o)),
+            _ => false,
+        };
+        if yes {
+            copied.insert(i.id);
+        }
     }
+    copied
 }
 
 /// Outlines the fusible instructions among `emitted` (ids in computation
@@ -81,6 +104,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
     let users = c.users();
     let by_id: HashMap<i64, &HloInstructionProto> =
         c.instructions().iter().map(|i| (i.id, i)).collect();
+    let copied = copied_ops(c, emitted, &by_id);
     let eligible = |id: i64| {
         emitted.contains(&id)
             && by_id
@@ -91,7 +115,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
     // Group membership: instruction id → the id of its fusion's root.
     let mut group: HashMap<i64, i64> = HashMap::default();
     for instr in c.instructions().iter().rev() {
-        if !eligible(instr.id) || copied(instr, &by_id) {
+        if !eligible(instr.id) || copied.contains(&instr.id) {
             continue;
         }
         let root = *group.entry(instr.id).or_insert(instr.id);
@@ -99,7 +123,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
             let Some(p) = by_id.get(&op) else { continue };
             if group.contains_key(&op)
                 || !eligible(op)
-                || copied(p, &by_id)
+                || copied.contains(&op)
                 || p.opcode == "reduce"
                 || op == root_of_comp
             {
@@ -157,7 +181,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
     let mut outlined = Vec::with_capacity(roots.len());
     for root in roots {
         let ids = &members[&root];
-        outlined.push(outline(&by_id, ids, root));
+        outlined.push(outline(&by_id, &copied, ids, root));
     }
 
     if let Some(c) = module.computation_mut(comp) {
@@ -196,8 +220,9 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
             .extend(o.members.into_iter().filter(|&m| m != o.root).map(InstrId));
     }
     module.apply(comp, edits);
-    // Constants, iotas and broadcasts the fusions copied may be dead now.
-    for _ in 0..2 {
+    // What the fusions copied in may be dead now (a chain of them: sweep
+    // until nothing more goes).
+    for _ in 0..8 {
         let Some(c) = module.computation(comp) else {
             break;
         };
@@ -208,8 +233,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
             .collect();
         let mut dead = Edits::default();
         for i in c.instructions() {
-            let cheap = matches!(i.opcode.as_str(), "constant" | "iota" | "broadcast");
-            if emitted.contains(&i.id) && cheap && !used.contains(&i.id) && i.id != root_of_comp {
+            if copied.contains(&i.id) && !used.contains(&i.id) && i.id != root_of_comp {
                 dead.remove.insert(InstrId(i.id));
             }
         }
@@ -244,68 +268,92 @@ struct Outline {
     body: HloComputationProto,
 }
 
-fn outline(by_id: &HashMap<i64, &HloInstructionProto>, members: &[i64], root: i64) -> Outline {
-    let inside: HashSet<i64> = members.iter().copied().collect();
-    // Old id → index in `body` (ids are given later; the index stands in).
-    let mut local: HashMap<i64, i64> = HashMap::default();
-    let mut body: Vec<HloInstructionProto> = Vec::new();
-    let mut params: Vec<i64> = Vec::new();
-    let mut param_shapes = Vec::new();
-
-    // Copies `id` (a copied op, with its operands) into the body.
-    fn copy_in(
-        id: i64,
-        by_id: &HashMap<i64, &HloInstructionProto>,
-        local: &mut HashMap<i64, i64>,
-        body: &mut Vec<HloInstructionProto>,
-    ) -> i64 {
-        if let Some(&l) = local.get(&id) {
-            return l;
+fn outline(
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    copied: &HashSet<i64>,
+    members: &[i64],
+    root: i64,
+) -> Outline {
+    /// The fused computation under construction.
+    struct Body<'a> {
+        by_id: &'a HashMap<i64, &'a HloInstructionProto>,
+        copied: &'a HashSet<i64>,
+        /// Old id → index in `instrs` (ids are given later; the index
+        /// stands in).
+        local: HashMap<i64, i64>,
+        instrs: Vec<HloInstructionProto>,
+        params: Vec<i64>,
+        param_shapes: Vec<crate::proto::ShapeProto>,
+    }
+    impl Body<'_> {
+        fn push(&mut self, old: i64, mut i: HloInstructionProto) -> i64 {
+            let l = self.instrs.len() as i64;
+            i.id = l;
+            self.instrs.push(i);
+            self.local.insert(old, l);
+            l
         }
-        let mut i = by_id[&id].clone();
-        i.operand_ids = i
-            .operand_ids
-            .iter()
-            .map(|&o| copy_in(o, by_id, local, body))
-            .collect();
-        let l = body.len() as i64;
-        i.id = l;
-        body.push(i);
-        local.insert(id, l);
-        l
+        /// The local id of `op` read from inside: copied in (with what it
+        /// reads) if it is a copied op, else a parameter.
+        fn operand(&mut self, op: i64) -> i64 {
+            if let Some(&l) = self.local.get(&op) {
+                return l;
+            }
+            let by_id = self.by_id;
+            let Some(p) = by_id.get(&op) else {
+                return -1;
+            };
+            if self.copied.contains(&op) {
+                let mut i = (*p).clone();
+                i.operand_ids = i.operand_ids.iter().map(|&o| self.operand(o)).collect();
+                return self.push(op, i);
+            }
+            let n = self.params.len();
+            self.params.push(op);
+            self.param_shapes.push(p.shape.clone().unwrap_or_default());
+            let param = HloInstructionProto {
+                name: format!("param_{n}"),
+                opcode: "parameter".into(),
+                shape: p.shape.clone(),
+                parameter_number: n as i64,
+                ..Default::default()
+            };
+            self.push(op, param)
+        }
     }
 
+    let inside: HashSet<i64> = members.iter().copied().collect();
+    let mut body = Body {
+        by_id,
+        copied,
+        local: HashMap::default(),
+        instrs: Vec::new(),
+        params: Vec::new(),
+        param_shapes: Vec::new(),
+    };
     for &m in members {
         let instr = by_id[&m];
-        for &op in &instr.operand_ids {
-            if inside.contains(&op) || local.contains_key(&op) {
-                continue;
-            }
-            let Some(p) = by_id.get(&op) else { continue };
-            if copied(p, by_id) {
-                copy_in(op, by_id, &mut local, &mut body);
-            } else {
-                let l = body.len() as i64;
-                body.push(HloInstructionProto {
-                    name: format!("param_{}", params.len()),
-                    opcode: "parameter".into(),
-                    shape: p.shape.clone(),
-                    parameter_number: params.len() as i64,
-                    id: l,
-                    ..Default::default()
-                });
-                param_shapes.push(p.shape.clone().unwrap_or_default());
-                params.push(op);
-                local.insert(op, l);
-            }
-        }
         let mut i = instr.clone();
-        i.operand_ids = i.operand_ids.iter().map(|o| local[o]).collect();
-        let l = body.len() as i64;
-        i.id = l;
-        body.push(i);
-        local.insert(m, l);
+        i.operand_ids = instr
+            .operand_ids
+            .iter()
+            .map(|&op| {
+                if inside.contains(&op) {
+                    body.local[&op]
+                } else {
+                    body.operand(op)
+                }
+            })
+            .collect();
+        body.push(m, i);
     }
+    let Body {
+        local,
+        instrs: body,
+        params,
+        param_shapes,
+        ..
+    } = body;
     let result = by_id[&root].shape.clone();
     Outline {
         root,

@@ -356,6 +356,7 @@ impl Pass for QuantizedAllReduce {
                 .iter()
                 .any(|c| c.instructions().iter().any(|i| i.opcode == "fusion")),
         };
+        let mut dead_comps: Vec<CompId> = Vec::new();
         for comp_id in comp_ids {
             let Some(comp) = module.computation(comp_id) else {
                 continue;
@@ -414,6 +415,7 @@ impl Pass for QuantizedAllReduce {
                             &self.options,
                             reducers,
                             &mut edits,
+                            &mut dead_comps,
                         )?;
                         fill_rewritten(&mut entry, &candidate, &plan, &emitted);
                         entry.predicted_time = prediction.map(|p| PredictedTime {
@@ -437,6 +439,9 @@ impl Pass for QuantizedAllReduce {
             if fuse && !emitted.is_empty() {
                 fuse::fuse_emitted(module, comp_id, &emitted);
             }
+        }
+        for dead in dead_comps {
+            module.remove_computation(dead);
         }
         Ok(changed)
     }
@@ -603,6 +608,7 @@ fn rewrite(
     options: &Options,
     reducers: Reducers,
     edits: &mut Edits,
+    dead_comps: &mut Vec<CompId>,
 ) -> Result<Emitted, PassError> {
     let comp = module
         .computation(c.comp)
@@ -653,8 +659,22 @@ fn rewrite(
         shape: s.clone(),
     };
 
+    // An f32 operand that is only a widening of bf16 / f16 (XLA:CPU
+    // promotes bf16 all-reduces so before its pre-scheduler stage) is read
+    // in its narrow type: the chain converts it to f32 where it reads it,
+    // with the same values, and the widened copy is never made.
+    let mut packed: Vec<Value> = Vec::new();
+    for o in c.operands.iter().filter(|o| o.2) {
+        match widened_from(module, comp, o.0, c.instr) {
+            Some((narrow, convert, wrapped)) => {
+                packed.push(narrow);
+                edits.remove.insert(convert);
+                dead_comps.extend(wrapped);
+            }
+            None => packed.push(value(o)),
+        }
+    }
     let mut b = Builder::new(module, c.comp, Some(metadata_for(&instr)));
-    let packed: Vec<Value> = c.operands.iter().filter(|o| o.2).map(value).collect();
     let results: Vec<ShapeProto> = c
         .operands
         .iter()
@@ -745,6 +765,68 @@ fn rewrite(
     edits.remove.insert(c.instr);
     edits.remove.extend(c.done);
     Ok(stats)
+}
+
+/// `operand` = convert(x) from bf16 / f16 to f32, or XLA's wrapped form
+/// (a kLoop fusion of that one convert), used by `user` alone: x as a
+/// value, the convert to drop, and the wrapped computation to drop.
+fn widened_from(
+    module: &Module,
+    comp: &crate::ir::Computation,
+    operand: InstrId,
+    user: InstrId,
+) -> Option<(Value, InstrId, Option<CompId>)> {
+    let narrow = |t: i32| t == PrimitiveType::Bf16 as i32 || t == PrimitiveType::F16 as i32;
+    let ty = |i: &HloInstructionProto| i.shape.as_ref().map(|s| s.element_type);
+    let widening = |from: &HloInstructionProto, to: &HloInstructionProto| {
+        from.shape.as_ref().map(|s| &s.dimensions) == to.shape.as_ref().map(|s| &s.dimensions)
+            && ty(from).is_some_and(narrow)
+            && ty(to) == Some(PrimitiveType::F32 as i32)
+    };
+    let convert = comp.get(operand)?;
+    let source = comp.get(InstrId(*convert.operand_ids.first()?))?;
+    let wrapped = match convert.opcode.as_str() {
+        "convert" => None,
+        "fusion" if convert.fusion_kind == "kLoop" && convert.operand_ids.len() == 1 => {
+            let called = CompId(*convert.called_computation_ids.first()?);
+            let body = module.computation(called)?;
+            let root = body.get(body.root_id())?;
+            let param = body.get(InstrId(*root.operand_ids.first()?))?;
+            let only_convert = body.instructions().len() == 2
+                && root.opcode == "convert"
+                && param.opcode == "parameter";
+            only_convert.then_some(Some(called))?
+        }
+        _ => return None,
+    };
+    if !widening(source, convert)
+        || convert.operand_ids.len() != 1
+        || comp.root_id() == operand
+        || !convert.control_predecessor_ids.is_empty()
+        || comp.instructions().iter().any(|i| {
+            (i.id != user.0 && i.operand_ids.contains(&operand.0))
+                || i.control_predecessor_ids.contains(&operand.0)
+        })
+    {
+        return None;
+    }
+    // The wrapped computation must be this fusion's alone.
+    if let Some(called) = wrapped {
+        let callers = module
+            .computations()
+            .iter()
+            .flat_map(|c| c.instructions())
+            .filter(|i| i.called_computation_ids.contains(&called.0))
+            .count();
+        if callers != 1 {
+            return None;
+        }
+    }
+    let value = Value {
+        id: InstrId(source.id),
+        shape: source.shape.clone()?,
+    };
+    Some((value, operand, wrapped))
 }
 
 /// Bytes each device sends in the emitted collectives, counted from them.
