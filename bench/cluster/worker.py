@@ -1,0 +1,516 @@
+"""One JAX process of the cluster benchmark (started by cluster.py, one per
+network namespace or all on loopback).
+
+It joins the cluster (``jax.distributed.initialize``, gloo TCP collectives
+bound to this process's own address), compiles every program of the run
+once, then for each link rate: shapes its own link (if asked), and times
+each program: warm-up runs, then timed runs, each after a barrier of the
+coordination service (gRPC, not gloo: it compiles nothing and equarx never
+sees it). Around the timed runs it reads the ``tc -s`` byte counter of its
+link. It writes one JSON file; cluster.py aggregates the ranks.
+
+Programs (all inside ``shard_map`` over one mesh axis of P devices, one per
+process):
+
+- ``psum``       ``lax.psum`` of the bf16 payload, as is. XLA:CPU promotes a
+                 bf16 all-reduce to f32: 4 bytes per element on the wire.
+- ``psum-f16``   the payload converted to f16 and summed with ``psum``: 2
+                 bytes per element, summed in software by gloo.
+- ``ring-u16``   a 2-byte baseline: reduce-scatter ring of P-1
+                 collective-permutes of bf16 chunks bit-cast to u16 (XLA:CPU
+                 would promote a bf16 collective-permute to f32), summed in
+                 f32 and rounded to bf16 at every hop, then an all-gather of
+                 u16 — what a bf16 ring all-reduce sends.
+- ``equarx:CFG`` the ``psum`` program compiled with equarx enabled through
+                 the JAX door (``equarx.jax.enable``).
+
+The wire types of every compiled program are read from its optimized HLO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+import trace_summary
+
+MIB = 1 << 20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--process-id", type=int, required=True)
+    p.add_argument("--num-processes", type=int, required=True)
+    p.add_argument("--coordinator", required=True, help="host:port of process 0")
+    p.add_argument("--address", required=True, help="this process's address (gloo binds to it)")
+    p.add_argument("--out", required=True, help="JSON result file")
+    p.add_argument("--workloads", default="allreduce")
+    p.add_argument("--sizes", default="1,4,16,64", help="all-reduce payloads, MiB of bf16 (4k: KiB)")
+    p.add_argument("--baselines", default="psum,psum-f16,ring-u16")
+    p.add_argument("--configs", default="b64-d2", help="equarx configurations for the all-reduce "
+                   "workload (see config_options)")
+    p.add_argument("--prefill-configs", default="b64-d2", help="equarx configurations for prefill")
+    p.add_argument("--rates", default="", help="link rates, one phase each ('' = leave the link as is)")
+    p.add_argument("--iface", default="", help="this process's link, for tc counters ('' = none)")
+    p.add_argument("--switch-netns", default="", help="namespace of the bridge (for shaping ingress)")
+    p.add_argument("--switch-port", default="", help="this process's port on the bridge")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--prefill", default="layers=4,batch=16,seq=256,width=256,heads=8,mlp=1024")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--barrier-timeout", type=float, default=300.0, help="seconds")
+    p.add_argument("--dump-hlo", default="", help="directory for optimized HLO text (rank 0)")
+    p.add_argument("--profile", default="", help="directory: one more run of each program under "
+                   "the JAX profiler, summarized (trace_summary.py)")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- equarx configurations
+
+def config_options(name: str) -> dict:
+    """``b64-d2`` → equarx.jax.enable options. Tokens (any order, '-'
+    separated): ``bN`` block size, ``dN`` pipeline depth, ``bidi``
+    bidirectional ring, ``f32s``/``bf16s`` scale type, ``permute`` gather by
+    P-1 collective-permutes instead of all-gather."""
+    opts = {"platforms": ("cpu",), "types": ("bf16", "f32"), "min_payload": 0,
+            "block_size": 64, "pipeline_depth": 2, "bidirectional": False,
+            "scale_type": "bf16", "gather": "all-gather"}
+    for tok in name.split("-"):
+        if not tok:
+            continue
+        if re.fullmatch(r"b\d+", tok):
+            opts["block_size"] = int(tok[1:])
+        elif re.fullmatch(r"d\d+", tok):
+            opts["pipeline_depth"] = int(tok[1:])
+        elif tok == "bidi":
+            opts["bidirectional"] = True
+        elif tok in ("f32s", "bf16s"):
+            opts["scale_type"] = tok[:-1]
+        elif tok == "permute":
+            opts["gather"] = "permute"
+        elif tok in ("pre", "exact"):
+            pass  # compile_before_fusion, not the JAX door; exact: no excess precision
+        elif tok == "allgather":
+            opts["gather"] = "all-gather"
+        else:
+            raise SystemExit(f"unknown equarx config token {tok!r} in {name!r}")
+    return opts
+
+
+# ---------------------------------------------------------------- links
+
+def tc_bytes(iface: str) -> int | None:
+    """Bytes the root qdisc of ``iface`` (in this namespace) has sent."""
+    if not iface:
+        return None
+    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", iface],
+                         capture_output=True, text=True, timeout=10, check=True).stdout
+    roots = [q for q in json.loads(out) if q.get("root")]
+    return int(roots[0]["bytes"]) if roots else None
+
+
+def shape_cmds(rate: str, iface: str, switch_netns: str, switch_port: str) -> list[list[str]]:
+    """tbf on both directions of one process's link: its own egress and its
+    bridge port's egress (= its ingress)."""
+    tbf = ["root", "tbf", "rate", rate, "burst", "256kb", "latency", "100ms"]
+    cmds = [["tc", "qdisc", "replace", "dev", iface] + tbf]
+    if switch_netns and switch_port:
+        cmds.append(["tc", "-n", switch_netns, "qdisc", "replace", "dev", switch_port] + tbf)
+    return cmds
+
+
+# ---------------------------------------------------------------- HLO inspection
+
+COLLECTIVE = re.compile(
+    r"=\s*\(?\s*([a-z]+[0-9]*)\[[^\]]*\][^=]*?\b(all-reduce|all-reduce-start|collective-permute|"
+    r"collective-permute-start|all-gather|all-gather-start|reduce-scatter|all-to-all)\(")
+
+
+def wire_types(hlo_text: str) -> dict[str, int]:
+    """Collectives of an optimized module by op and element type, e.g.
+    ``{"all-reduce f32": 1}``."""
+    counts: dict[str, int] = {}
+    for line in hlo_text.splitlines():
+        m = COLLECTIVE.search(line)
+        if m:
+            key = f"{m.group(2).replace('-start', '')} {m.group(1)}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# ---------------------------------------------------------------- programs
+
+def build(args):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    nproc = jax.process_count()
+    rank = jax.process_index()
+    devices = sorted(jax.devices(), key=lambda d: d.process_index)
+    assert len(devices) == nproc, f"want one device per process, got {devices}"
+    mesh = Mesh(np.array(devices), ("x",))
+    local = jax.local_devices()[0]
+
+    def global_array(local_np, spec_rows):
+        """A global array whose rows ``[rank*n:(rank+1)*n]`` are this
+        process's ``local_np`` (sharded along the first axis)."""
+        shape = (local_np.shape[0] * nproc,) + local_np.shape[1:]
+        buf = jax.device_put(local_np, local)
+        return jax.make_array_from_single_device_arrays(
+            shape, NamedSharding(mesh, spec_rows), [buf])
+
+    # ---- all-reduce implementations (inside shard_map, axis "x")
+    def ar_psum(v):
+        return lax.psum(v, "x")
+
+    def ar_psum_f16(v):
+        return lax.psum(v.astype(jnp.float16), "x").astype(v.dtype)
+
+    def ar_ring_u16(v):
+        """bf16 ring all-reduce with 2 bytes per element on the wire."""
+        shape, dtype = v.shape, v.dtype
+        flat = v.reshape(-1)
+        n = flat.shape[0]
+        c = -(-n // nproc)
+        chunks = jnp.pad(flat, (0, c * nproc - n)).reshape(nproc, c)
+        r = lax.axis_index("x")
+        succ = [(i, (i + 1) % nproc) for i in range(nproc)]
+
+        def chunk(k):
+            return lax.dynamic_index_in_dim(chunks, k % nproc, keepdims=False)
+
+        part = chunk(r - 1).astype(jnp.bfloat16)
+        for s in range(nproc - 1):
+            wire = lax.bitcast_convert_type(part, jnp.uint16)
+            got = lax.bitcast_convert_type(lax.ppermute(wire, "x", succ), jnp.bfloat16)
+            part = (got.astype(jnp.float32) + chunk(r - 2 - s).astype(jnp.float32)).astype(jnp.bfloat16)
+        owned = lax.bitcast_convert_type(part, jnp.uint16)
+        full = lax.bitcast_convert_type(lax.all_gather(owned, "x", tiled=True), jnp.bfloat16)
+        return full[:n].reshape(shape).astype(dtype)
+
+    impls = {"psum": ar_psum, "psum-f16": ar_psum_f16, "ring-u16": ar_ring_u16}
+
+    workloads = []
+
+    # ---- (a) one all-reduce of S MiB of bf16
+    if "allreduce" in args.workloads.split(","):
+        for size in [s for s in args.sizes.split(",") if s]:
+            kib = size.lower().endswith("k")
+            mib = float(size[:-1]) / 1024 if kib else float(size)
+            n = int(mib * MIB) // 2
+            n -= n % nproc
+            rng = np.random.default_rng(args.seed * 1000 + rank)
+            x_local = rng.standard_normal(n, dtype=np.float32).astype(jnp.bfloat16)
+            x = global_array(x_local, P("x"))
+            label = f"{size[:-1]} KiB" if kib else f"{mib:g} MiB"
+
+            def make(impl):
+                return jax.jit(jax.shard_map(impl, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+            def exact(n=n):
+                tot = np.zeros(n, np.float64)
+                for rr in range(nproc):
+                    g = np.random.default_rng(args.seed * 1000 + rr)
+                    tot += g.standard_normal(n, dtype=np.float32).astype(jnp.bfloat16).astype(np.float64)
+                return tot
+
+            workloads.append({"workload": "allreduce", "size": label, "bytes": n * 2,
+                              "make": make, "args": (x,), "exact": exact})
+
+    # ---- (b) Megatron-style tensor-parallel prefill
+    if "prefill" in args.workloads.split(","):
+        cfg = dict(kv.split("=") for kv in args.prefill.split(","))
+        L, B, S, D, H, F = (int(cfg[k]) for k in ("layers", "batch", "seq", "width", "heads", "mlp"))
+        assert H % nproc == 0 and F % nproc == 0, "heads and mlp must divide by the process count"
+        hd, hl, fl = D // H, H // nproc, F // nproc
+        rng = np.random.default_rng(args.seed * 1000 + 500 + rank)  # this rank's weight shards
+        bf = jnp.bfloat16
+
+        def w(shape, fan_in):
+            return (rng.standard_normal(shape, dtype=np.float32) * fan_in ** -0.5).astype(bf)
+
+        params_local = [{
+            "wqkv": w((1, D, 3, hl, hd), D), "wo": w((1, hl, hd, D), D),
+            "w1": w((1, D, fl), D), "w2": w((1, fl, D), F),
+        } for _ in range(L)]
+        params = jax.tree.map(lambda a: global_array(a, P("x")), params_local)
+        xrng = np.random.default_rng(args.seed * 1000 + 999)  # the same on every rank
+        x_in = xrng.standard_normal((B, S, D), dtype=np.float32).astype(bf)
+        x_in = jax.device_put(x_in, NamedSharding(mesh, P()))
+        mask = np.tril(np.ones((S, S), bool))
+
+        def layer_norm(v):
+            v32 = v.astype(jnp.float32)
+            m = v32.mean(-1, keepdims=True)
+            var = ((v32 - m) ** 2).mean(-1, keepdims=True)
+            return ((v32 - m) * lax.rsqrt(var + 1e-5)).astype(v.dtype)
+
+        def prefill(allreduce):
+            def step(ps, v):
+                for p in ps:
+                    h = layer_norm(v)
+                    qkv = jnp.einsum("bsd,dthk->tbhsk", h, p["wqkv"][0])
+                    logits = jnp.einsum("bhsk,bhtk->bhst", qkv[0], qkv[1]) * np.float32(hd ** -0.5).astype(bf)
+                    logits = jnp.where(mask, logits.astype(jnp.float32), -1e30)
+                    attn = jax.nn.softmax(logits, axis=-1).astype(bf)
+                    ctx = jnp.einsum("bhst,bhtk->bhsk", attn, qkv[2])
+                    v = v + allreduce(jnp.einsum("bhsk,hkd->bsd", ctx, p["wo"][0]))
+                    h = layer_norm(v)
+                    up = jax.nn.gelu(h @ p["w1"][0])
+                    v = v + allreduce(up @ p["w2"][0])
+                return v
+            return step
+
+        def make(impl):
+            return jax.jit(jax.shard_map(prefill(impl), mesh=mesh,
+                                         in_specs=(P("x"), P()), out_specs=P(), check_vma=False))
+
+        workloads.append({"workload": "prefill",
+                          "size": f"L{L} b{B} s{S} d{D} f{F}",
+                          "bytes": 2 * L * B * S * D * 2, "make": make,
+                          "args": (params, x_in), "exact": None})
+
+    return np, impls, workloads
+
+
+def variant_name(cfg: str) -> str:
+    """``pre-b64-d1`` → ``equarx-pre:b64-d1``; ``b64-d2`` → ``equarx:b64-d2``."""
+    toks = cfg.split("-")
+    return ("equarx-pre:" if "pre" in toks else "equarx:") + "-".join(t for t in toks if t != "pre")
+
+
+def compile_before_fusion(jitted, args, cfg: str, nproc: int):
+    """equarx where XLA's C++ pass would sit (before fusion), instead of
+    the JAX door's pre-scheduler stage (after fusion, where the ring's
+    element-wise ops stay unfused): the lowered module is rewritten with
+    equarx's C ABI, then XLA compiles the result as usual (fusion
+    included). A way to measure the emitted HLO as XLA would fuse it; not a
+    door users have."""
+    import equarx
+    import equarx.jax as ej
+    from jax._src.interpreters import mlir as jmlir
+    from jax._src.lib import _jax, xla_client
+    from jax._src.lib.mlir import ir
+
+    opts = config_options(cfg)
+    lowered = jitted.lower(*args)
+    proto = lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
+    pass_opts = ej.options(**{k: v for k, v in opts.items() if k != "platforms"})
+    pass_opts.update(replica_count=1, num_partitions=nproc)  # JAX SPMD: one replica
+    res = equarx.rewrite(proto, pass_opts)
+    if res.changed:
+        text = _jax.mlir.xla_computation_to_mlir_module(xla_client.XlaComputation(res.module))
+        with jmlir.make_ir_context():
+            lowered._lowering._hlo = ir.Module.parse(text)
+    # ``exact``: compile without excess precision. equarx's emitted HLO has
+    # no float convert round trip for XLA to drop, so results must agree.
+    exact = {"xla_allow_excess_precision": False} if "exact" in cfg.split("-") else None
+    return lowered.compile(compiler_options=exact), res.report
+
+
+def check_output(row: dict, out, reference, wl: dict, with_exact: bool):
+    """Hash and errors of one program's (local) output into ``row``; returns
+    the reference for the next programs (the psum output, which runs first)."""
+    import numpy as np
+
+    got = np.asarray(out.addressable_shards[0].data).astype(np.float32)
+    row["sha1"] = hashlib.sha1(got.tobytes()).hexdigest()
+    row["finite"] = bool(np.isfinite(got).all())
+    if row["variant"] == "psum":
+        reference = got
+    if reference is not None:
+        row["err_vs_psum"] = rel_rms(got, reference)
+    if with_exact and wl["exact"] is not None:
+        if "exact_sum" not in wl:
+            wl["exact_sum"] = wl["exact"]()
+        row["err_vs_exact"] = rel_rms(got, wl["exact_sum"])
+    return reference
+
+
+def rel_rms(got, ref) -> float:
+    import numpy as np
+
+    return float(np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref.astype(np.float64) ** 2)))
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import jax._src.xla_bridge as xb
+
+    # Gloo binds to and advertises the hostname's address (127.0.0.1 here);
+    # inside a namespace the peers would dial their own loopback.
+    make_gloo = xb._jax.make_gloo_tcp_collectives
+
+    def gloo_on_own_address(distributed_client, hostname=None, interface=None):
+        return make_gloo(distributed_client=distributed_client, hostname=args.address)
+
+    xb._jax.make_gloo_tcp_collectives = gloo_on_own_address
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+    t_start = time.time()
+    jax.distributed.initialize(coordinator_address=args.coordinator,
+                               num_processes=args.num_processes, process_id=args.process_id,
+                               initialization_timeout=120, heartbeat_timeout_seconds=30,
+                               shutdown_timeout_seconds=30)
+    from jax._src import distributed
+    client = distributed.global_state.client
+    rank = jax.process_index()
+    timeout_ms = int(args.barrier_timeout * 1000)
+    barrier_no = [0]
+
+    def barrier(tag):
+        barrier_no[0] += 1
+        client.wait_at_barrier(f"eqxc/{barrier_no[0]}/{tag}", timeout_ms)
+
+    result = {"rank": rank, "address": args.address, "jax": jax.__version__,
+              "devices": [str(d) for d in jax.devices()], "phases": [], "programs": []}
+
+    def save():
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, args.out)
+
+    try:
+        np, impls, workloads = build(args)
+        import equarx
+        import equarx.jax as ej
+        result["equarx_library"] = str(equarx.library_path())
+        result["startup_s"] = time.time() - t_start
+
+        # ---- compile everything once (baselines first, then each equarx configuration)
+        baselines = [b for b in args.baselines.split(",") if b]
+        variants = [(b, None) for b in baselines]
+        configs = {"allreduce": [c for c in args.configs.split(",") if c],
+                   "prefill": [c for c in args.prefill_configs.split(",") if c]}
+        for wl in workloads:
+            wl["variants"] = baselines + [variant_name(c) for c in configs[wl["workload"]]]
+        for c in configs["allreduce"] + configs["prefill"]:
+            if (variant_name(c), c) not in variants:
+                variants.append((variant_name(c), c))
+        programs = []
+        for vname, cfg in variants:
+            ej.disable()
+            jax.clear_caches()
+            pre = cfg is not None and "pre" in cfg.split("-")
+            if cfg is not None and not pre:
+                ej.enable(**config_options(cfg))
+                jax.clear_caches()
+            for wl in workloads:
+                if vname not in wl["variants"]:
+                    continue
+                barrier(f"compile {vname} {wl['size']}")
+                t = time.time()
+                if cfg is None:
+                    exe, rep = wl["make"](impls[vname]).lower(*wl["args"]).compile(), []
+                elif pre:
+                    exe, rep = compile_before_fusion(wl["make"](impls["psum"]), wl["args"],
+                                                     cfg, jax.process_count())
+                else:
+                    exe = wl["make"](impls["psum"]).lower(*wl["args"]).compile()
+                    rep = ej.last_report() or []
+                secs = time.time() - t
+                text = exe.as_text()
+                if args.dump_hlo and rank == 0:
+                    os.makedirs(args.dump_hlo, exist_ok=True)
+                    fn = f"{wl['workload']}-{wl['size']}-{vname}".replace(" ", "_").replace(":", "_")
+                    with open(os.path.join(args.dump_hlo, fn + ".hlo.txt"), "w") as f:
+                        f.write(text)
+                info = {"workload": wl["workload"], "size": wl["size"], "bytes": wl["bytes"],
+                        "variant": vname, "compile_s": secs, "wire_types": wire_types(text),
+                        "rewritten": sum(1 for r in rep if r.get("rewritten")),
+                        "all_reduces": len(rep),
+                        # what equarx's report says one rank sends, before and after
+                        "report_wire_bytes": [sum(r.get("wire_bytes_before") or 0 for r in rep),
+                                              sum(r.get("wire_bytes_after") or 0 for r in rep)]}
+                programs.append((wl, vname, exe, dict(info, hlo_text=text) if args.profile else info))
+                result["programs"].append(info)
+                save()
+        ej.disable()
+
+        # ---- time every program, one phase per link rate
+        rates = [r for r in args.rates.split(",") if r] or [""]
+        for rate in rates:
+            barrier(f"rate {rate}")
+            if rate:
+                for cmd in shape_cmds(rate, args.iface, args.switch_netns, args.switch_port):
+                    subprocess.run(cmd, check=True, timeout=10, capture_output=True)
+                time.sleep(0.2)
+            barrier(f"shaped {rate}")
+            phase = {"rate": rate or "unshaped", "results": []}
+            result["phases"].append(phase)
+            # Variants of one workload and size take turns, run by run, so
+            # that the machine's other load falls on all of them alike.
+            groups: dict[tuple, list] = {}
+            for prog in programs:
+                groups.setdefault((prog[0]["workload"], prog[0]["size"]), []).append(prog)
+            for (workload, size), group in groups.items():
+                for wl, vname, exe, info in group:
+                    for i in range(args.warmup):
+                        barrier(f"warm {rate} {vname} {size} {i}")
+                        exe(*wl["args"]).block_until_ready()
+                rows = {vname: {"workload": workload, "size": size, "bytes": wl["bytes"],
+                                "variant": vname, "times": [], "tc_bytes": 0}
+                        for wl, vname, exe, info in group}
+                reference = None  # the psum output: the unquantized run
+                for i in range(args.iters):
+                    last = i == args.iters - 1
+                    for wl, vname, exe, info in group:
+                        row = rows[vname]
+                        b0 = tc_bytes(args.iface)
+                        barrier(f"time {rate} {vname} {size} {i}")
+                        t = time.perf_counter()
+                        out = exe(*wl["args"])
+                        out.block_until_ready()
+                        row["times"].append(time.perf_counter() - t)
+                        # Once every rank is done, every byte of this run has
+                        # left every link: count them before the next run.
+                        barrier(f"done {rate} {vname} {size} {i}")
+                        b1 = tc_bytes(args.iface)
+                        row["tc_bytes"] = None if b0 is None else row["tc_bytes"] + b1 - b0
+                        if last:
+                            reference = check_output(row, out, reference, wl, rank == 0 and rate == rates[0])
+                        del out
+                for wl, vname, exe, info in group:
+                    row = rows[vname]
+                    row["tc_bytes_per_run"] = None if row["tc_bytes"] is None else row.pop("tc_bytes") / args.iters
+                    if args.profile:
+                        barrier(f"profile {rate} {vname} {size}")
+                        d = os.path.join(args.profile, f"rank{rank}", re.sub(r"\W+", "_", f"{rate}-{vname}-{size}"))
+                        row["profile"] = trace_summary.profile_run(
+                            lambda: exe(*wl["args"]).block_until_ready(), info["hlo_text"], d)
+                    phase["results"].append(row)
+                save()
+        result["ok"] = True
+    except BaseException as e:  # noqa: BLE001 - report everything, then fail
+        result["ok"] = False
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+        save()
+        raise
+    finally:
+        result["total_s"] = time.time() - t_start
+        save()
+    try:
+        jax.distributed.shutdown()
+    except Exception:  # noqa: BLE001 - the results are written already
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
