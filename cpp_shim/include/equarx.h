@@ -15,13 +15,18 @@
  * Options are one JSON object (NULL or "" for all defaults). Absent keys
  * keep their defaults; unknown keys are an error.
  *
- *   {"block_size": 128,             elements per quantization block
+ *   {"block_size": 64,              elements per quantization block
  *    "pipeline_depth": 2,           independent sub-chunk chains per direction
- *    "bidirectional": false,        half of every chunk goes each way round
- *    "min_payload_bytes": 1048576,  smaller all-reduces stay as they are
+ *    "bidirectional": true,         half of every chunk goes each way round
+ *    "min_payload_bytes": null,     null: the cost model decides; a number:
+ *                                   smaller all-reduces stay as they are
+ *    "topology": "v5e",             the cost model's machine (v5e, v6e, v5p,
+ *                                   h100, h200, optionally "v5e:4x4")
  *    "types": ["bf16"],             element types to quantize: bf16 f16 f32
- *    "scale_type": "f32",           "f32" or "bf16" scales on the wire
+ *    "scale_type": "bf16",          "bf16" or "f32" scales on the wire
  *    "gather": "all-gather",        "all-gather" or "permute"
+ *    "fuse": "auto",                loop fusions if the module is fused
+ *                                   already: "auto", "on", "off"
  *    "replica_count": null,         override the module's device counts
  *    "num_partitions": null,        (XLA knows them from HloModuleConfig)
  *    "disabled_passes": []}
