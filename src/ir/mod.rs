@@ -470,25 +470,24 @@ impl Module {
             .and_then(|b| self.comp_pos.get(&b).copied())
             .unwrap_or(0);
         self.comps.insert(at, Computation::new(comp));
-        self.comp_pos = self
-            .comps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.id(), i))
-            .collect();
+        self.reindex_comps();
         id
+    }
+
+    /// Positions of the computations by id (the first of duplicate ids,
+    /// as [`Module::from_proto`] keeps them; the verifier reports the rest).
+    fn reindex_comps(&mut self) {
+        self.comp_pos.clear();
+        for (i, c) in self.comps.iter().enumerate() {
+            self.comp_pos.entry(c.id()).or_insert(i);
+        }
     }
 
     /// Drops computation `comp` (and its schedule sequence); nothing may
     /// call it any more.
     pub fn remove_computation(&mut self, comp: CompId) {
         self.comps.retain(|c| c.id() != comp);
-        self.comp_pos = self
-            .comps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.id(), i))
-            .collect();
+        self.reindex_comps();
         if let Some(sched) = self.header.schedule.as_mut() {
             sched.sequences.remove(&comp.0);
         }
