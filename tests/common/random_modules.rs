@@ -14,7 +14,7 @@
 use equarx::ir::shape;
 use equarx::passes::quantized_all_reduce::plan::{RingPlan, ring_wire_bytes};
 use equarx::proto::PrimitiveType;
-use equarx::{DeviceCounts, GatherForm, Options, RewriteOptions, ScaleType};
+use equarx::{DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, ScaleType};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -352,17 +352,21 @@ pub fn options() -> impl Strategy<Value = Options> {
         select(vec![GatherForm::AllGather, GatherForm::Permute]),
         select(vec![0u64, 0, 0, 0, 64, 4096]),
         types,
+        select(vec![FuseMode::Auto, FuseMode::Off, FuseMode::On]),
     )
         .prop_map(
-            |(block_size, pipeline_depth, bidirectional, scale_type, gather, min, types)| Options {
-                block_size,
-                pipeline_depth,
-                bidirectional,
-                scale_type,
-                gather,
-                min_payload_bytes: Some(min),
-                element_types: types.iter().map(|t| t.primitive()).collect(),
-                ..Options::default()
+            |(block_size, pipeline_depth, bidirectional, scale_type, gather, min, types, fuse)| {
+                Options {
+                    block_size,
+                    pipeline_depth,
+                    bidirectional,
+                    scale_type,
+                    gather,
+                    min_payload_bytes: Some(min),
+                    element_types: types.iter().map(|t| t.primitive()).collect(),
+                    fuse,
+                    ..Options::default()
+                }
             },
         )
 }
