@@ -730,7 +730,7 @@ fn model(a: ModelArgs) -> Result<()> {
 
 /// Error against P: equarx per block size, and the two baselines.
 fn plot_errors(rows: &[simulate::SweepRow], path: &Path) -> Result<()> {
-    use equarx::plot::{Chart, Series, svg};
+    use equarx::plot::{Chart, Series};
     let mut dists: Vec<Distribution> = rows.iter().map(|r| r.distribution).collect();
     dists.dedup();
     for d in dists {
@@ -772,22 +772,22 @@ fn plot_errors(rows: &[simulate::SweepRow], path: &Path) -> Result<()> {
             y_label: "relative RMS error (%)",
             log_y: true,
         };
-        let text = svg(&chart, &series).map_err(anyhow::Error::msg)?;
         let stem = path
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or("errors");
-        let file = path.with_file_name(format!("{stem}-{dname}.svg"));
-        io::write_atomic(&file, text.as_bytes())
-            .with_context(|| format!("cannot write {}", file.display()))?;
-        eprintln!("wrote {}", file.display());
+        write_chart(
+            &path.with_file_name(format!("{stem}-{dname}.svg")),
+            &chart,
+            &series,
+        )?;
     }
     Ok(())
 }
 
 /// Predicted speedup over message size, one line per topology.
 fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
-    use equarx::plot::{Chart, Series, svg};
+    use equarx::plot::{Chart, Series};
     let mut series = Vec::new();
     for name in equarx::cost::NAMES {
         let t = equarx::cost::Topology::parse(name).map_err(anyhow::Error::msg)?;
@@ -817,7 +817,16 @@ fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
         y_label: "speedup",
         log_y: false,
     };
-    let text = svg(&chart, &series).map_err(anyhow::Error::msg)?;
+    write_chart(path, &chart, &series)
+}
+
+/// Draws `series` as an SVG chart into `path` (atomically).
+fn write_chart(
+    path: &Path,
+    chart: &equarx::plot::Chart,
+    series: &[equarx::plot::Series],
+) -> Result<()> {
+    let text = equarx::plot::svg(chart, series).map_err(anyhow::Error::msg)?;
     io::write_atomic(path, text.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("wrote {}", path.display());

@@ -95,10 +95,10 @@ fn copied_ops(
 }
 
 /// Outlines the fusible instructions among `emitted` (ids in computation
-/// `comp`) into loop fusions; returns how many fusions were made.
-pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -> usize {
+/// `comp`) into loop fusions.
+pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
     let Some(c) = module.computation(comp) else {
-        return 0;
+        return;
     };
     let root_of_comp = c.root_id().0;
     let users = c.users();
@@ -192,7 +192,6 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
         }
     }
     let mut edits = Edits::default();
-    let made = outlined.len();
     for o in outlined {
         let fused = module.add_computation(o.body, true, Some(comp));
         let name = module.fresh_name("equarx_fusion");
@@ -220,29 +219,21 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) -
             .extend(o.members.into_iter().filter(|&m| m != o.root).map(InstrId));
     }
     module.apply(comp, edits);
-    // What the fusions copied in may be dead now (a chain of them: sweep
-    // until nothing more goes).
-    for _ in 0..8 {
-        let Some(c) = module.computation(comp) else {
-            break;
-        };
-        let used: HashSet<i64> = c
-            .instructions()
-            .iter()
-            .flat_map(|i| i.operand_ids.iter().copied())
-            .collect();
+    // What the fusions copied in may be dead now, chains of it included:
+    // one sweep from the last instruction back, so every user is judged
+    // before what it reads.
+    if let Some(c) = module.computation(comp) {
+        let mut used: HashSet<i64> = HashSet::default();
         let mut dead = Edits::default();
-        for i in c.instructions() {
+        for i in c.instructions().iter().rev() {
             if copied.contains(&i.id) && !used.contains(&i.id) && i.id != root_of_comp {
                 dead.remove.insert(InstrId(i.id));
+            } else {
+                used.extend(i.operand_ids.iter().copied());
             }
-        }
-        if dead.is_empty() {
-            break;
         }
         module.apply(comp, dead);
     }
-    made
 }
 
 /// An array laid out row-major (dimension 0 most major), the layout
@@ -322,7 +313,6 @@ fn outline(
         }
     }
 
-    let inside: HashSet<i64> = members.iter().copied().collect();
     let mut body = Body {
         by_id,
         copied,
@@ -334,16 +324,12 @@ fn outline(
     for &m in members {
         let instr = by_id[&m];
         let mut i = instr.clone();
+        // Members come in instruction order: a member read here is in
+        // `local` already; anything else becomes a copy or a parameter.
         i.operand_ids = instr
             .operand_ids
             .iter()
-            .map(|&op| {
-                if inside.contains(&op) {
-                    body.local[&op]
-                } else {
-                    body.operand(op)
-                }
-            })
+            .map(|&op| body.operand(op))
             .collect();
         body.push(m, i);
     }

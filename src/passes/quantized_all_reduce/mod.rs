@@ -49,7 +49,7 @@ use emit::{RingInputs, emit_ring};
 use plan::{RingPlan, ring_wire_bytes};
 
 use super::{Pass, PassError};
-use crate::cost::{Prediction, Topology, predict};
+use crate::cost::{Topology, predict};
 use crate::io::DeviceCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::groups::{GroupMode, ReplicaGroups};
@@ -237,15 +237,11 @@ pub enum SkipReason {
     )]
     NoGain { before: u64, after: u64 },
     #[error(
-        "the cost model predicts no gain on {topology}: {speedup:.2}x (bf16 ring {bf16_us:.1} us, \
-         equarx {equarx_us:.1} us; a model, see --topology, or force with --min-payload)"
+        "the cost model predicts no gain on {}: {:.2}x (bf16 ring {:.1} us, equarx {:.1} us; \
+         a model, see --topology, or force with --min-payload)",
+        .0.topology, .0.speedup, .0.bf16_us, .0.equarx_us
     )]
-    NotFaster {
-        topology: String,
-        speedup: f64,
-        bf16_us: f64,
-        equarx_us: f64,
-    },
+    NotFaster(PredictedTime),
     #[error("payload too large to index with s32")]
     TooLarge,
     #[error(
@@ -378,24 +374,13 @@ impl Pass for QuantizedAllReduce {
                         .and_then(|c| plan_for(&c, &self.options).map(|p| (c, p)));
                 match decision {
                     Err(reason) => {
-                        if let SkipReason::NotFaster {
-                            topology,
-                            speedup,
-                            bf16_us,
-                            equarx_us,
-                        } = &reason
-                        {
-                            entry.predicted_time = Some(PredictedTime {
-                                topology: topology.clone(),
-                                bf16_us: *bf16_us,
-                                equarx_us: *equarx_us,
-                                speedup: *speedup,
-                            });
+                        if let SkipReason::NotFaster(time) = &reason {
+                            entry.predicted_time = Some(time.clone());
                         }
                         entry.reason = Some(reason.to_string());
                         self.report.push(entry);
                     }
-                    Ok((candidate, (plan, prediction))) => {
+                    Ok((candidate, (plan, time))) => {
                         let reducers = *reducers.get_or_insert_with(|| Reducers {
                             max_f32: module.add_scalar_reducer(
                                 "equarx_max_f32",
@@ -418,12 +403,7 @@ impl Pass for QuantizedAllReduce {
                             &mut dead_comps,
                         )?;
                         fill_rewritten(&mut entry, &candidate, &plan, &emitted);
-                        entry.predicted_time = prediction.map(|p| PredictedTime {
-                            topology: self.options.topology.name.clone(),
-                            bf16_us: p.bf16_us,
-                            equarx_us: p.equarx_us,
-                            speedup: p.speedup(),
-                        });
+                        entry.predicted_time = Some(time);
                         self.report.push(entry);
                         changed = true;
                     }
@@ -453,10 +433,7 @@ fn fail(message: impl Into<String>) -> PassError {
 
 /// The ring plan, or why the ring would not pay: with a minimum payload,
 /// the bytes must shrink; without one, the cost model must predict a gain.
-fn plan_for(
-    c: &Candidate,
-    options: &Options,
-) -> Result<(RingPlan, Option<Prediction>), SkipReason> {
+fn plan_for(c: &Candidate, options: &Options) -> Result<(RingPlan, PredictedTime), SkipReason> {
     let elements: usize = c
         .operands
         .iter()
@@ -479,15 +456,16 @@ fn plan_for(
         elem_bytes,
         options.bidirectional,
     );
-    if options.min_payload_bytes.is_none() && !c.forced && prediction.speedup() < 1.0 {
-        return Err(SkipReason::NotFaster {
-            topology: options.topology.name.clone(),
-            speedup: prediction.speedup(),
-            bf16_us: prediction.bf16_us,
-            equarx_us: prediction.equarx_us,
-        });
+    let time = PredictedTime {
+        topology: options.topology.name.clone(),
+        bf16_us: prediction.bf16_us,
+        equarx_us: prediction.equarx_us,
+        speedup: prediction.speedup(),
+    };
+    if options.min_payload_bytes.is_none() && !c.forced && time.speedup < 1.0 {
+        return Err(SkipReason::NotFaster(time));
     }
-    Ok((plan, Some(prediction)))
+    Ok((plan, time))
 }
 
 /// The report fields known before deciding.
