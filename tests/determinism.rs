@@ -84,12 +84,12 @@ fn c_abi(bytes: &[u8], json: &str) -> (c_int, Vec<u8>, String) {
 }
 
 /// Runs `f` on every job from 8 threads at once, each thread in its own
-/// order, each job `repeats` times per thread; returns every answer.
-fn concurrently<T: Send + 'static>(
+/// order, and asserts every answer equals the sequential one.
+fn concurrent_answers_equal<T: Send + PartialEq + std::fmt::Debug + 'static>(
     jobs: &Arc<Vec<(String, &'static str, Vec<u8>)>>,
-    repeats: usize,
+    sequential: &[T],
     f: fn(&[u8], &str) -> T,
-) -> Vec<Vec<(usize, T)>> {
+) {
     let threads = 8;
     let barrier = Arc::new(Barrier::new(threads));
     let handles: Vec<_> = (0..threads)
@@ -104,18 +104,24 @@ fn concurrently<T: Send + 'static>(
                     .nth(t % 4)
                     .unwrap_or(1);
                 barrier.wait();
-                let mut out = Vec::new();
-                for _ in 0..repeats {
-                    for k in 0..n {
+                (0..n)
+                    .map(|k| {
                         let j = (t + k * stride) % n;
-                        out.push((j, f(&jobs[j].2, jobs[j].1)));
-                    }
-                }
-                out
+                        (j, f(&jobs[j].2, jobs[j].1))
+                    })
+                    .collect::<Vec<_>>()
             })
         })
         .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+    for (t, h) in handles.into_iter().enumerate() {
+        for (j, a) in h.join().unwrap() {
+            assert_eq!(
+                a, sequential[j],
+                "thread {t}: {} {} differs from the sequential run",
+                jobs[j].0, jobs[j].1
+            );
+        }
+    }
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -140,15 +146,7 @@ fn library_concurrent_calls_equal_sequential_ones() {
         .filter(|(r, j)| r.as_ref().is_ok_and(|(out, _)| *out != j.2))
         .count();
     assert!(changed >= 15, "only {changed} jobs rewrite anything");
-    for (t, answers) in concurrently(&jobs, 1, library).into_iter().enumerate() {
-        for (j, a) in answers {
-            assert_eq!(
-                a, sequential[j],
-                "thread {t}: {} {} differs from the sequential run",
-                jobs[j].0, jobs[j].1
-            );
-        }
-    }
+    concurrent_answers_equal(&jobs, &sequential, library);
 }
 
 #[test]
@@ -169,15 +167,7 @@ fn c_abi_concurrent_calls_equal_sequential_ones() {
             assert_eq!(&report, json, "{name} {o}: reports differ");
         }
     }
-    for (t, answers) in concurrently(&jobs, 1, c_abi).into_iter().enumerate() {
-        for (j, a) in answers {
-            assert_eq!(
-                a, sequential[j],
-                "thread {t}: {} {} differs from the sequential run",
-                jobs[j].0, jobs[j].1
-            );
-        }
-    }
+    concurrent_answers_equal(&jobs, &sequential, c_abi);
 }
 
 /// Two processes (the CLI), the library in this one: the same bytes, with
