@@ -12,13 +12,16 @@ pub mod io;
 pub mod ir;
 pub mod numerics;
 pub mod passes;
+pub mod plan;
 pub mod plot;
 pub mod proto;
 pub mod text;
 pub mod verify;
 
 pub use io::DeviceCounts;
-pub use passes::quantized_all_reduce::{FuseMode, GatherForm, OpReport, Options, ScaleType};
+pub use passes::quantized_all_reduce::{
+    AlgorithmOption, FuseMode, GatherForm, OpReport, Options, RotationOption, ScaleType,
+};
 
 use passes::quantized_all_reduce::QuantizedAllReduce;
 use passes::{Pass, PassRun, Pipeline, PipelineError};

@@ -10,8 +10,12 @@ use equarx::io::{self, DeviceCounts, Format, Loaded};
 use equarx::numerics::simulate::{self, Distribution};
 use equarx::passes::quantized_all_reduce::parse_element_types;
 use equarx::passes::{DumpStage, Pipeline};
+use equarx::plan::Rotation;
 use equarx::text::{PrintOptions, print_module_with};
-use equarx::{FuseMode, GatherForm, OpReport, Options, RewriteOptions, ScaleType};
+use equarx::{
+    AlgorithmOption, FuseMode, GatherForm, OpReport, Options, RewriteOptions, RotationOption,
+    ScaleType,
+};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -102,7 +106,8 @@ struct RewriteArgs {
 /// The pass's knobs. Defaults are documented in the README ("Options").
 #[derive(Args)]
 struct PassArgs {
-    /// Elements per quantization block (B): one f32 scale per block.
+    /// Elements per quantization block (B): one scale per block (see
+    /// --scale-type).
     #[arg(long, default_value_t = Options::default().block_size)]
     block_size: usize,
     /// Independent sub-chunk chains per ring direction (D).
@@ -141,6 +146,33 @@ struct PassArgs {
     /// hook), where each unfused op would otherwise be a kernel of its own.
     #[arg(long, value_enum, default_value = "auto")]
     fuse: FuseMode,
+    /// The reduce algorithm: `ring` (P−1 requantizing hops, fits a torus
+    /// ring), `two-shot` (quantize once, one all-to-all, the owner sums in
+    /// f32: fits switched fabrics), `two-level` (a ring per axis of a 2-D
+    /// slice). `auto` lets the time model choose per op (two-level only when
+    /// --topology names a 2-D slice of the group's size).
+    #[arg(long, value_enum, default_value = "auto")]
+    algorithm: AlgorithmOption,
+    /// Rotate every block with an orthonormal Hadamard transform before
+    /// quantizing (undone after the last dequantization): an outlier's
+    /// energy spreads over its block, which cuts the error on LLM-like
+    /// activations several times. `auto`: wherever the time model says it
+    /// costs at most 5 % (B must be a power of two).
+    #[arg(long, value_enum, default_value = "auto")]
+    rotation: RotationOption,
+    /// Write every ring step out instead of emitting a `while` loop over
+    /// the steps. The loop keeps a rewrite under 200 instructions for any
+    /// P (XLA compiles the module about as fast as the original); unrolled,
+    /// a rewrite grows with P and lanes (~1 400 instructions at P = 8, D = 2)
+    /// and XLA compiles it many times slower, in exchange for letting a
+    /// scheduler interleave steps across the whole ring.
+    #[arg(long)]
+    unroll: bool,
+    /// An error budget: the fastest configuration whose predicted relative
+    /// RMS error (Gaussian data, percent) is at most this; ops with none are
+    /// skipped with the reason.
+    #[arg(long, value_name = "PCT")]
+    max_error: Option<f64>,
     /// Replicas the module runs with, if the module does not say.
     #[arg(long)]
     replica_count: Option<i64>,
@@ -198,9 +230,20 @@ struct SimulateArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "gaussian,heavy-tailed,llm-activations"
+        default_value = "gaussian,heavy-tailed,llm-activations,outliers"
     )]
     distributions: Vec<Distribution>,
+    /// Reduce algorithms (two-level: the most balanced grid of each P).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ring")]
+    algorithms: Vec<simulate::AlgorithmChoice>,
+    /// Rotations: none, hadamard (power-of-two block sizes only).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "none,hadamard"
+    )]
+    rotations: Vec<Rotation>,
     /// Group sizes P.
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,64")]
     group_sizes: Vec<usize>,
@@ -208,7 +251,7 @@ struct SimulateArgs {
     #[arg(long, value_delimiter = ',', default_value = "32,64,128,512")]
     block_sizes: Vec<usize>,
     /// Pipeline depths D (lanes do not change the arithmetic; padding can).
-    #[arg(long, value_delimiter = ',', default_value = "2")]
+    #[arg(long, value_delimiter = ',', default_value = "1")]
     pipeline_depths: Vec<usize>,
     /// Ring directions to try: false (one way), true (bidirectional).
     #[arg(long, value_delimiter = ',', default_value = "true")]
@@ -293,6 +336,10 @@ fn pass_options(a: &PassArgs) -> Result<RewriteOptions> {
             scale_type: a.scale_type,
             gather: a.gather,
             fuse: a.fuse,
+            algorithm: a.algorithm,
+            rotation: a.rotation,
+            unroll: a.unroll,
+            max_error_pct: a.max_error,
         },
         counts: DeviceCounts {
             replica_count: a.replica_count,
@@ -586,6 +633,8 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         distributions: a.distributions,
         group_sizes: a.group_sizes,
         block_sizes: a.block_sizes,
+        algorithms: a.algorithms,
+        rotations: a.rotations,
         depths: a.pipeline_depths,
         bidirectional: a.bidirectional,
         elements: a.elements,
@@ -606,10 +655,12 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         a.elements
     );
     println!(
-        "{:<16} {:>3} {:>4} {:>2} {:>5} {:>18} {:>9} {:>18} {:>18} {:>6}",
+        "{:<16} {:>3} {:>4} {:<16} {:<8} {:>2} {:>5} {:>18} {:>9} {:>18} {:>18} {:>6}",
         "distribution",
         "P",
         "B",
+        "algorithm",
+        "rotation",
         "D",
         "bidi",
         "equarx",
@@ -621,10 +672,12 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     let cell = |e: simulate::ErrorStats| format!("{:.3}% ({:.3})", e.rel_rms * 100.0, e.max_rel);
     for r in &rows {
         println!(
-            "{:<16} {:>3} {:>4} {:>2} {:>5} {:>18} {:>8.3}% {:>18} {:>18} {:>5.2}x",
+            "{:<16} {:>3} {:>4} {:<16} {:<8} {:>2} {:>5} {:>18} {:>8.3}% {:>18} {:>18} {:>5.2}x",
             format!("{:?}", r.distribution),
             r.group_size,
             r.block_size,
+            r.algorithm,
+            format!("{:?}", r.rotation).to_lowercase(),
             r.pipeline_depth,
             r.bidirectional,
             cell(r.equarx),
@@ -705,27 +758,50 @@ fn model(a: ModelArgs) -> Result<()> {
         t.step_latency_us
     );
     println!(
-        "{:>10} {:>12} {:>12} {:>12} {:>8}",
-        "bf16 size", "bf16 us", "equarx us", "compute us", "speedup"
+        "{:>10} {:>12} {:>12} {:>12} {:>8} {:>8}  plan",
+        "bf16 size", "bf16 us", "equarx us", "compute us", "speedup", "rel.err"
     );
     for &bytes in &a.sizes {
-        let plan = equarx::passes::quantized_all_reduce::plan::RingPlan::new(
-            a.group_size,
-            (bytes / 2) as usize,
-            &o,
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let p = equarx::cost::predict(&t, &plan, bytes, 2, o.bidirectional);
+        let (plan, p) = modelled(a.group_size, bytes, &o, &t)?;
         println!(
-            "{:>10} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x",
+            "{:>10} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x {:>7.2}%  {}{}",
             human_bytes(bytes),
             p.bf16_us,
             p.equarx_us,
             p.compute_us,
-            p.speedup()
+            p.speedup(),
+            100.0 * equarx::numerics::error::predicted_rel_rms(&plan, 7),
+            plan.config.algorithm,
+            match plan.config.rotation {
+                Rotation::Hadamard => " + hadamard",
+                Rotation::None => "",
+            }
         );
     }
     Ok(())
+}
+
+/// The plan the pass would choose for a bf16 all-reduce of `bytes` over
+/// `p` ranks on topology `t` (rewrite forced), and its predicted times.
+fn modelled(
+    p: usize,
+    bytes: u64,
+    options: &Options,
+    t: &equarx::cost::Topology,
+) -> Result<(equarx::plan::Plan, equarx::cost::Prediction)> {
+    use equarx::passes::quantized_all_reduce::{Payload, choose_plan};
+    let options = Options {
+        topology: t.clone(),
+        ..options.clone()
+    };
+    let payload = Payload {
+        elements: (bytes / 2) as usize,
+        bytes,
+        mantissa_bits: 7,
+    };
+    let choice = choose_plan(p, &payload, true, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let prediction = equarx::cost::predict(t, &choice.plan, bytes, 2);
+    Ok((choice.plan, prediction))
 }
 
 /// Error against P: equarx per block size, and the two baselines.
@@ -793,13 +869,7 @@ fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
         let t = equarx::cost::Topology::parse(name).map_err(anyhow::Error::msg)?;
         let mut points = Vec::new();
         for &bytes in &a.sizes {
-            let plan = equarx::passes::quantized_all_reduce::plan::RingPlan::new(
-                a.group_size,
-                (bytes / 2) as usize,
-                options,
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let p = equarx::cost::predict(&t, &plan, bytes, 2, options.bidirectional);
+            let (_, p) = modelled(a.group_size, bytes, options, &t)?;
             points.push((bytes as f64 / (1 << 20) as f64, p.speedup()));
         }
         series.push(Series {

@@ -114,6 +114,7 @@ fn to_options(o: &PassOptions) -> Result<crate::RewriteOptions, DoorError> {
         // The C++ pass sits before XLA's fusion in a pipeline, or after it
         // in a fused module: `auto` tells the two apart.
         fuse: crate::FuseMode::Auto,
+        ..Options::default()
     };
     let counts = DeviceCounts {
         replica_count: count(o.replica_count),

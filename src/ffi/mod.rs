@@ -121,6 +121,7 @@ impl JsonOptions {
             scale_type: self.scale_type,
             gather: self.gather,
             fuse: self.fuse,
+            ..Options::default()
         };
         let counts = DeviceCounts {
             replica_count: self.replica_count,
