@@ -17,7 +17,7 @@ pub mod proto;
 pub mod text;
 pub mod verify;
 
-pub use io::DeviceCounts;
+pub use ir::DeviceCounts;
 pub use passes::quantized_all_reduce::{FuseMode, GatherForm, OpReport, Options, ScaleType};
 
 use passes::quantized_all_reduce::QuantizedAllReduce;

@@ -20,7 +20,7 @@ mod print;
 pub use parse::MAX_DEPTH;
 pub use print::{PrintError, PrintOptions, print_module, print_module_with};
 
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::proto::HloModuleProto;
 
 /// A module read from HLO text, with the device counts its header names.

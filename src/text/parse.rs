@@ -63,7 +63,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{ParseError, ParsedText};
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::ir::shape::{self, type_from_name};
 use crate::proto::hlo_buffer_donor_proto::BufferDonorEntryProto;
 use crate::proto::hlo_input_output_alias_proto::AliasEntryProto;

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::ir::groups::{GroupEncoding, ReplicaGroups};
 use crate::ir::shape::{self, type_name};
 use crate::proto::hlo_instruction_proto::ReplicaGroupList;
