@@ -6,6 +6,7 @@
 //! The front doors (CLI, C ABI, cxx bridge, Python) all call [`rewrite`].
 
 pub mod analyze;
+pub mod charts;
 pub mod cost;
 pub mod ffi;
 pub mod io;
