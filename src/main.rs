@@ -102,7 +102,8 @@ struct RewriteArgs {
 /// The pass's knobs. Defaults are documented in the README ("Options").
 #[derive(Args)]
 struct PassArgs {
-    /// Elements per quantization block (B): one f32 scale per block.
+    /// Elements per quantization block (B): one scale per block, of
+    /// --scale-type (bf16 by default).
     #[arg(long, default_value_t = Options::default().block_size)]
     block_size: usize,
     /// Independent sub-chunk chains per ring direction (D).

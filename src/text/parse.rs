@@ -44,7 +44,7 @@
 //! out is filled the same way (default layouts with
 //! `tail_padding_alignment_in_elements=1`, precision configs, windows and
 //! group counts, the comparison type, `largest=true`, the custom-call API
-//! version, ...), checked field by field against XLA by `tests/text_parse.rs`.
+//! version, ...), checked field by field against XLA by `tests/text.rs`.
 //! What XLA's parser reads but cannot carry in a bare `HloModuleProto` (the
 //! `allow_spmd_*` and `alias_passthrough_params` config flags) is dropped;
 //! `replica_count` and `num_partitions` go to [`ParsedText::counts`] (1 when
