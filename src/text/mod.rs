@@ -4,7 +4,7 @@
 //! (XLA abbreviates large ones as `{...}`, which re-parses to garbage without
 //! an error), all three replica-group encodings, the stack-frame table that
 //! metadata points into, and a scheduled module's instructions in schedule
-//! order. The parser (`parse.rs`, grammar in its header) reads what XLA's
+//! order. The parser (`parse/`, grammar in `parse/mod.rs`) reads what XLA's
 //! printer and ours write into the `HloModuleProto` XLA's parser would make.
 //!
 //! One exception, on purpose: the stack-frame table. Both sides print it as
