@@ -6,6 +6,7 @@
 //! The front doors (CLI, C ABI, cxx bridge, Python) all call [`rewrite`].
 
 pub mod analyze;
+pub mod charts;
 pub mod cost;
 pub mod ffi;
 pub mod io;
@@ -18,7 +19,7 @@ pub mod proto;
 pub mod text;
 pub mod verify;
 
-pub use io::DeviceCounts;
+pub use ir::DeviceCounts;
 pub use passes::quantized_all_reduce::{
     AlgorithmOption, FuseMode, GatherForm, OpReport, Options, RotationOption, ScaleType,
 };

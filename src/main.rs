@@ -106,8 +106,8 @@ struct RewriteArgs {
 /// The pass's knobs. Defaults are documented in the README ("Options").
 #[derive(Args)]
 struct PassArgs {
-    /// Elements per quantization block (B): one scale per block (see
-    /// --scale-type).
+    /// Elements per quantization block (B): one scale per block, of
+    /// --scale-type (bf16 by default).
     #[arg(long, default_value_t = Options::default().block_size)]
     block_size: usize,
     /// Independent sub-chunk chains per ring direction (D).
@@ -762,7 +762,9 @@ fn model(a: ModelArgs) -> Result<()> {
         "bf16 size", "bf16 us", "equarx us", "compute us", "speedup", "rel.err"
     );
     for &bytes in &a.sizes {
-        let (plan, p) = modelled(a.group_size, bytes, &o, &t)?;
+        let (plan, p) =
+            equarx::passes::quantized_all_reduce::model_bf16(a.group_size, bytes, &o, &t)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
         println!(
             "{:>10} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x {:>7.2}%  {}{}",
             human_bytes(bytes),
@@ -781,123 +783,27 @@ fn model(a: ModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// The plan the pass would choose for a bf16 all-reduce of `bytes` over
-/// `p` ranks on topology `t` (rewrite forced), and its predicted times.
-fn modelled(
-    p: usize,
-    bytes: u64,
-    options: &Options,
-    t: &equarx::cost::Topology,
-) -> Result<(equarx::plan::Plan, equarx::cost::Prediction)> {
-    use equarx::passes::quantized_all_reduce::{Payload, choose_plan};
-    let options = Options {
-        topology: t.clone(),
-        ..options.clone()
-    };
-    let payload = Payload {
-        elements: (bytes / 2) as usize,
-        bytes,
-        mantissa_bits: 7,
-    };
-    let choice = choose_plan(p, &payload, true, &options).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let prediction = equarx::cost::predict(t, &choice.plan, bytes, 2);
-    Ok((choice.plan, prediction))
-}
-
-/// Error against P: equarx per block size, and the two baselines.
+/// One SVG per distribution: `errors.svg` → `errors-gaussian.svg`, ...
 fn plot_errors(rows: &[simulate::SweepRow], path: &Path) -> Result<()> {
-    use equarx::plot::{Chart, Series};
-    let mut dists: Vec<Distribution> = rows.iter().map(|r| r.distribution).collect();
-    dists.dedup();
-    for d in dists {
-        let mine: Vec<&simulate::SweepRow> = rows.iter().filter(|r| r.distribution == d).collect();
-        let mut blocks: Vec<usize> = mine.iter().map(|r| r.block_size).collect();
-        blocks.sort_unstable();
-        blocks.dedup();
-        let line = |label: String, f: &dyn Fn(&simulate::SweepRow) -> Option<f64>| Series {
-            points: {
-                let mut p: Vec<(f64, f64)> = mine
-                    .iter()
-                    .filter_map(|r| f(r).map(|y| (r.group_size as f64, y)))
-                    .collect();
-                p.dedup_by(|a, b| a.0 == b.0);
-                p
-            },
-            label,
-        };
-        let mut series: Vec<Series> = blocks
-            .iter()
-            .map(|&b| {
-                line(format!("equarx B={b}"), &|r| {
-                    (r.block_size == b).then_some(r.equarx.rel_rms * 100.0)
-                })
-            })
-            .collect();
-        series.push(line("bf16 ring".into(), &|r| {
-            Some(r.bf16_ring.rel_rms * 100.0)
-        }));
-        series.push(line("per-tensor int8".into(), &|r| {
-            Some(r.per_tensor_int8.rel_rms * 100.0)
-        }));
-        let dname = clap::ValueEnum::to_possible_value(&d)
-            .map_or_else(|| format!("{d:?}"), |v| v.get_name().to_string());
-        let title = format!("all-reduce error vs the exact sum, {dname} inputs");
-        let chart = Chart {
-            title: &title,
-            x_label: "group size P",
-            y_label: "relative RMS error (%)",
-            log_y: true,
-        };
-        let stem = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("errors");
-        write_chart(
-            &path.with_file_name(format!("{stem}-{dname}.svg")),
-            &chart,
-            &series,
-        )?;
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("errors");
+    for (dname, svg) in equarx::charts::error_charts(rows).map_err(anyhow::Error::msg)? {
+        write_svg(&path.with_file_name(format!("{stem}-{dname}.svg")), &svg)?;
     }
     Ok(())
 }
 
-/// Predicted speedup over message size, one line per topology.
 fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
-    use equarx::plot::{Chart, Series};
-    let mut series = Vec::new();
-    for name in equarx::cost::NAMES {
-        let t = equarx::cost::Topology::parse(name).map_err(anyhow::Error::msg)?;
-        let mut points = Vec::new();
-        for &bytes in &a.sizes {
-            let (_, p) = modelled(a.group_size, bytes, options, &t)?;
-            points.push((bytes as f64 / (1 << 20) as f64, p.speedup()));
-        }
-        series.push(Series {
-            label: t.name.clone(),
-            points,
-        });
-    }
-    let title = format!(
-        "predicted equarx speedup over a bf16 ring, P = {} (a model)",
-        a.group_size
-    );
-    let chart = Chart {
-        title: &title,
-        x_label: "bf16 payload (MiB)",
-        y_label: "speedup",
-        log_y: false,
-    };
-    write_chart(path, &chart, &series)
+    let svg = equarx::charts::speedup_chart(&a.sizes, a.group_size, options)
+        .map_err(anyhow::Error::msg)?;
+    write_svg(path, &svg)
 }
 
-/// Draws `series` as an SVG chart into `path` (atomically).
-fn write_chart(
-    path: &Path,
-    chart: &equarx::plot::Chart,
-    series: &[equarx::plot::Series],
-) -> Result<()> {
-    let text = equarx::plot::svg(chart, series).map_err(anyhow::Error::msg)?;
-    io::write_atomic(path, text.as_bytes())
+/// Writes a chart into `path` (atomically).
+fn write_svg(path: &Path, svg: &str) -> Result<()> {
+    io::write_atomic(path, svg.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())

@@ -266,3 +266,43 @@ fn a_dump_directory_is_rewritten_module_by_module() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+/// `--plot` writes SVG charts: one per input distribution for `simulate`,
+/// one line per named topology for `model`.
+#[test]
+fn plots_are_written_as_svg_charts() {
+    let dir = scratch("cli_plots");
+    let errors = dir.join("errors.svg");
+    let (_, err) = run(&[
+        "simulate",
+        "--group-sizes",
+        "2,4",
+        "--elements",
+        "2048",
+        "--plot",
+        errors.to_str().unwrap(),
+    ]);
+    let written: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("wrote "))
+        .collect();
+    assert!(!written.is_empty(), "no chart written: {err}");
+    for path in written {
+        assert!(path.contains("errors-") && path.ends_with(".svg"), "{path}");
+        let svg = std::fs::read_to_string(path).unwrap();
+        assert!(svg.starts_with("<svg"), "{path}");
+        for label in [
+            "all-reduce error vs the exact sum",
+            "bf16 ring",
+            "per-tensor int8",
+        ] {
+            assert!(svg.contains(label), "{path}: no '{label}'");
+        }
+    }
+    let speedup = dir.join("speedup.svg");
+    run(&["model", "--plot", speedup.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&speedup).unwrap();
+    for label in ["predicted equarx speedup", "v5e", "h100"] {
+        assert!(svg.contains(label), "speedup chart: no '{label}'");
+    }
+}

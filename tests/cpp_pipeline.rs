@@ -232,7 +232,8 @@ const CASES: &[Case] = &[
         options: "min_payload=0,types=bf16+f32",
     },
     // Negative twins: an f32 all-reduce with only bf16 enabled, a payload
-    // under the default 1 MiB threshold, and options the pass refuses.
+    // too small for the cost model (the default decides), and options the
+    // pass refuses.
     Case {
         fixture: "psum_f32_p8.pb",
         expect: "unchanged",

@@ -54,10 +54,6 @@ const BINARY: &[&str] = &[
     "shift-right-logical",
 ];
 
-pub fn is_elementwise_binary(opcode: &str) -> bool {
-    BINARY.contains(&opcode)
-}
-
 /// The shape `instr` must have given its operands' shapes. `Ok(None)` means
 /// equarx does not model the op's shape (nothing inconsistent was found).
 pub fn expected_shape(

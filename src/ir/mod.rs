@@ -10,9 +10,12 @@
 //! integers. New ids follow whichever scheme the module uses.
 
 pub mod builder;
+pub mod devices;
 pub mod groups;
 pub mod infer;
 pub mod shape;
+
+pub use devices::DeviceCounts;
 
 use std::collections::BTreeMap;
 

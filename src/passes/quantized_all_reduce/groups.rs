@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use super::SkipReason;
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::ir::groups::{GroupEncoding, GroupMode, MAX_DEVICES, ReplicaGroups};
 use crate::plan::Axis;
 use crate::proto::HloInstructionProto;

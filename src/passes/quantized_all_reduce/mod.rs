@@ -738,6 +738,29 @@ pub fn choose_plan(
     Ok(Choice { plan, time })
 }
 
+/// The plan the pass chooses for a bf16 all-reduce of `bytes` over `p`
+/// ranks on topology `t` (the rewrite forced, so a plan comes back even
+/// where it would not pay), and its predicted times: `equarx model`'s rows.
+pub fn model_bf16(
+    p: usize,
+    bytes: u64,
+    options: &Options,
+    t: &Topology,
+) -> Result<(Plan, crate::cost::Prediction), SkipReason> {
+    let options = Options {
+        topology: t.clone(),
+        ..options.clone()
+    };
+    let payload = Payload {
+        elements: (bytes / 2) as usize,
+        bytes,
+        mantissa_bits: 7,
+    };
+    let choice = choose_plan(p, &payload, true, &options)?;
+    let prediction = predict(t, &choice.plan, bytes, 2);
+    Ok((choice.plan, prediction))
+}
+
 /// `ring + hadamard`, for messages.
 fn describe_config(c: &Config) -> String {
     match c.rotation {
