@@ -23,8 +23,11 @@
 //!    line, the README's "why", a valid non-default `example` and a
 //!    `refused` value with the start of its message, a `set` that reads a
 //!    value into the options (with the readers below: [`whole`],
-//!    [`boolean`], [`byte_count`], [`text`], [`list`], [`choice`], ...) and
-//!    a `show` that writes the current value as text.
+//!    [`number`], [`boolean`], [`byte_count`], [`text`], [`list`],
+//!    [`choice`], [`nullable`]) and a `show` that writes the current value
+//!    as text. The CLI flag must not be one a command already has
+//!    (`rewrite --format` is taken: `help_shows_every_option_with_its_default`
+//!    fails on a clash).
 //! 3. Run `EQUARX_BLESS=1 cargo test --test options` to regenerate the
 //!    README table and the C/C++ key lists, and review the diff.
 //!
@@ -46,6 +49,8 @@ use crate::{FuseMode, GatherForm, RewriteOptions, ScaleType};
 pub enum Syntax {
     /// A whole number, shown as the given placeholder (`B`, `D`, `N`).
     Whole(&'static str),
+    /// A number (may have a fraction), shown as the given placeholder.
+    Number(&'static str),
     /// `true` or `false`; a bare flag on the command line means `true`.
     Bool,
     /// Bytes: a whole number, or with a suffix `KiB`, `MiB`, `GiB`.
@@ -62,7 +67,7 @@ impl Syntax {
     /// The value's placeholder: `B`, `true|false`, `auto|on|off`, `TYPE,...`.
     pub fn placeholder(&self) -> String {
         match self {
-            Syntax::Whole(p) | Syntax::Text(p) => (*p).to_string(),
+            Syntax::Whole(p) | Syntax::Number(p) | Syntax::Text(p) => (*p).to_string(),
             Syntax::Bool => "true|false".into(),
             Syntax::Bytes => "BYTES".into(),
             Syntax::Choice(names) => names().join("|"),
@@ -461,6 +466,17 @@ pub fn integer(v: &Value) -> Result<i64, String> {
     .ok_or_else(|| format!("expected an integer, got {}", got(v)))
 }
 
+/// A finite number: a JSON number, or text of one.
+pub fn number(v: &Value) -> Result<f64, String> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|x: &f64| x.is_finite())
+    .ok_or_else(|| format!("expected a number, got {}", got(v)))
+}
+
 fn size(n: u64) -> Result<usize, String> {
     usize::try_from(n).map_err(|_| format!("{n} is too large"))
 }
@@ -797,6 +813,23 @@ mod tests {
             from_json(&json!({}).to_string()).unwrap().pass,
             crate::Options::default()
         );
+    }
+
+    #[test]
+    fn readers_take_json_and_text_alike() {
+        assert_eq!(number(&json!(0.25)), Ok(0.25));
+        assert_eq!(number(&json!(" 1e-3")), Ok(0.001));
+        assert_eq!(
+            number(&json!("NaN")).unwrap_err(),
+            "expected a number, got \"NaN\""
+        );
+        assert_eq!(whole(&json!(7)), whole(&json!("7")));
+        assert_eq!(integer(&json!(-3)), integer(&json!("-3")));
+        assert_eq!(boolean(&json!(false)), boolean(&json!("false")));
+        assert_eq!(list(&json!(["a", "b"])), list(&json!("a, b")));
+        assert_eq!(list(&json!("")), Ok(vec![]));
+        assert_eq!(byte_count(&json!(1024)), byte_count(&json!("1KiB")));
+        assert_eq!(nullable(&Value::Null, whole), Ok(None));
     }
 
     #[test]

@@ -99,6 +99,9 @@ fn native(o: &OptionSpec, text: &str) -> Value {
         Syntax::Whole(_) | Syntax::Bytes => text
             .parse::<i64>()
             .map_or_else(|_| json!(text), |n| json!(n)),
+        Syntax::Number(_) => text
+            .parse::<f64>()
+            .map_or_else(|_| json!(text), |x| json!(x)),
         Syntax::Bool => text
             .parse::<bool>()
             .map_or_else(|_| json!(text), |b| json!(b)),
