@@ -12,6 +12,7 @@ pub mod ffi;
 pub mod io;
 pub mod ir;
 pub mod numerics;
+pub mod options;
 pub mod passes;
 pub mod plan;
 pub mod plot;
@@ -28,8 +29,9 @@ use passes::quantized_all_reduce::QuantizedAllReduce;
 use passes::{Pass, PassRun, Pipeline, PipelineError};
 use proto::HloModuleProto;
 
-/// Everything [`rewrite`] needs besides the module.
-#[derive(Clone, Debug, Default)]
+/// Everything [`rewrite`] needs besides the module. The doors build it
+/// from [`options::OPTIONS`], the one list of options.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RewriteOptions {
     pub pass: Options,
     /// Replica / partition counts; a set value overrides what the module says.

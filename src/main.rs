@@ -8,14 +8,10 @@ use clap::{Args, Parser, Subcommand};
 
 use equarx::io::{self, DeviceCounts, Format, Loaded};
 use equarx::numerics::simulate::{self, Distribution};
-use equarx::passes::quantized_all_reduce::parse_element_types;
 use equarx::passes::{DumpStage, Pipeline};
 use equarx::plan::Rotation;
 use equarx::text::{PrintOptions, print_module_with};
-use equarx::{
-    AlgorithmOption, FuseMode, GatherForm, OpReport, Options, RewriteOptions, RotationOption,
-    ScaleType,
-};
+use equarx::{OpReport, Options, RewriteOptions, ScaleType};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -96,89 +92,42 @@ struct RewriteArgs {
     /// Write HLO text of the module before and after each pass here.
     #[arg(long, value_name = "DIR")]
     dump_dir: Option<PathBuf>,
-    /// Skip a pass by name (e.g. quantized-all-reduce).
-    #[arg(long, value_name = "PASS")]
-    disable_pass: Vec<String>,
     #[command(flatten)]
     pass: PassArgs,
 }
 
-/// The pass's knobs. Defaults are documented in the README ("Options").
-#[derive(Args)]
+/// The pass options: one flag per entry of `equarx::options::OPTIONS`
+/// (names, help and defaults come from there); only the given ones are
+/// kept, the rest keep the library's defaults.
 struct PassArgs {
-    /// Elements per quantization block (B): one scale per block, of
-    /// --scale-type (bf16 by default).
-    #[arg(long, default_value_t = Options::default().block_size)]
-    block_size: usize,
-    /// Independent sub-chunk chains per ring direction (D).
-    #[arg(long, default_value_t = Options::default().pipeline_depth)]
-    pipeline_depth: usize,
-    /// Send half of every chunk each way round the ring (`--bidirectional
-    /// false`: one way, half the messages, half the link use).
-    #[arg(long, default_value_t = Options::default().bidirectional, num_args = 0..=1,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    bidirectional: bool,
-    /// Rewrite only all-reduces of at least this many bytes (suffixes KiB,
-    /// MiB, GiB), instead of asking the cost model. 0 rewrites every
-    /// eligible all-reduce.
-    #[arg(long, value_parser = parse_bytes)]
-    min_payload: Option<u64>,
-    /// The machine the cost model predicts for: v5e, v6e, v5p, h100, h200,
-    /// optionally with a slice shape (v5e:4x4; a slice smaller than the
-    /// torus has no wraparound). Default: v5e. Figures are a model.
-    #[arg(long)]
-    topology: Option<String>,
-    /// Element types to quantize, comma-separated (bf16, f16, f32). XLA:CPU
-    /// promotes bf16 all-reduces to f32 before scheduling: use bf16,f32
-    /// there.
-    #[arg(long, value_delimiter = ',', default_value = "bf16")]
-    types: Vec<String>,
-    /// Type of the per-block scales on the wire (codes are computed against
-    /// the rounded scale).
-    #[arg(long, value_enum, default_value = "bf16")]
-    scale_type: ScaleType,
-    /// How the reduced chunks are gathered.
-    #[arg(long, value_enum, default_value = "all-gather")]
-    gather: GatherForm,
-    /// Outline the emitted quantize / dequantize chains into loop fusions:
-    /// `auto` does when the module already holds fusions (XLA's fusion
-    /// pass has run, e.g. a dump after optimizations or the pre-scheduler
-    /// hook), where each unfused op would otherwise be a kernel of its own.
-    #[arg(long, value_enum, default_value = "auto")]
-    fuse: FuseMode,
-    /// The reduce algorithm: `ring` (P−1 requantizing hops, fits a torus
-    /// ring), `two-shot` (quantize once, one all-to-all, the owner sums in
-    /// f32: fits switched fabrics), `two-level` (a ring per axis of a 2-D
-    /// slice). `auto` lets the time model choose per op (two-level only when
-    /// --topology names a 2-D slice of the group's size).
-    #[arg(long, value_enum, default_value = "auto")]
-    algorithm: AlgorithmOption,
-    /// Rotate every block with an orthonormal Hadamard transform before
-    /// quantizing (undone after the last dequantization): an outlier's
-    /// energy spreads over its block, which cuts the error on LLM-like
-    /// activations several times. `auto`: wherever the time model says it
-    /// costs at most 5 % (B must be a power of two).
-    #[arg(long, value_enum, default_value = "auto")]
-    rotation: RotationOption,
-    /// Write every ring step out instead of emitting a `while` loop over
-    /// the steps. The loop keeps a rewrite under 200 instructions for any
-    /// P (XLA compiles the module about as fast as the original); unrolled,
-    /// a rewrite grows with P and lanes (~1 400 instructions at P = 8, D = 2)
-    /// and XLA compiles it many times slower, in exchange for letting a
-    /// scheduler interleave steps across the whole ring.
-    #[arg(long)]
-    unroll: bool,
-    /// An error budget: the fastest configuration whose predicted relative
-    /// RMS error (Gaussian data, percent) is at most this; ops with none are
-    /// skipped with the reason.
-    #[arg(long, value_name = "PCT")]
-    max_error: Option<f64>,
-    /// Replicas the module runs with, if the module does not say.
-    #[arg(long)]
-    replica_count: Option<i64>,
-    /// Partitions the module runs with, if the module does not say.
-    #[arg(long)]
-    num_partitions: Option<i64>,
+    given: Vec<(&'static str, String)>,
+}
+
+impl PassArgs {
+    fn given(&self, name: &str) -> bool {
+        self.given.iter().any(|(n, _)| *n == name)
+    }
+}
+
+impl clap::FromArgMatches for PassArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(PassArgs {
+            given: equarx::options::given_in(m),
+        })
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for PassArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.args(equarx::options::clap_args())
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 #[derive(Args)]
@@ -212,7 +161,7 @@ struct ModelArgs {
     #[arg(long, default_value_t = 8)]
     group_size: usize,
     /// Message sizes (bf16 payload), e.g. 64KiB,1MiB,16MiB.
-    #[arg(long, value_delimiter = ',', value_parser = parse_bytes,
+    #[arg(long, value_delimiter = ',', value_parser = equarx::options::parse_bytes,
           default_value = "16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB")]
     sizes: Vec<u64>,
     /// Also write a chart of the predicted speedup over message size for
@@ -276,7 +225,10 @@ struct SimulateArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return refuse_arguments(e),
+    };
     let result = match cli.command {
         Command::Rewrite(a) => rewrite(a),
         Command::Print(a) => print(a),
@@ -294,66 +246,44 @@ fn main() -> ExitCode {
     }
 }
 
+/// Exits on a command line clap refuses. A flag that is no option of a
+/// command with pass options gets the message every door gives for an
+/// unknown option (`equarx::options::unknown_option`), plus clap's guess.
+fn refuse_arguments(e: clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let with_pass_options = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .is_some_and(|c| ["rewrite", "analyze", "model"].contains(&c.as_str()));
+    let flag = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) if e.kind() == ErrorKind::UnknownArgument => s.clone(),
+        _ => e.exit(),
+    };
+    let Some(name) = flag.strip_prefix("--").filter(|_| with_pass_options) else {
+        e.exit()
+    };
+    let name = name.split('=').next().unwrap_or(name);
+    let mut message = equarx::options::unknown_option(name);
+    if let Some(ContextValue::String(s)) = e.get(ContextKind::SuggestedArg) {
+        message.push_str(&format!("; did you mean {s}?"));
+    }
+    eprintln!("equarx: error: {message}");
+    ExitCode::from(2)
+}
+
 fn load(input: &InputArgs) -> Result<Loaded> {
     let name = input.input.display().to_string();
     let bytes = io::read_path(&input.input).with_context(|| format!("cannot read {name}"))?;
     io::decode(&bytes, input.input_format).with_context(|| name)
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = [
-        ("GiB", 1u64 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("B", 1),
-    ]
-    .iter()
-    .find_map(|(suffix, m)| s.strip_suffix(suffix).map(|n| (n.trim(), *m)))
-    .unwrap_or((s, 1));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count like 65536 or 1MiB"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s} is too large"))
-}
-
 fn pass_options(a: &PassArgs) -> Result<RewriteOptions> {
-    let topology = a
-        .topology
-        .as_deref()
-        .unwrap_or(equarx::passes::quantized_all_reduce::DEFAULT_TOPOLOGY);
-    let options = RewriteOptions {
-        pass: Options {
-            block_size: a.block_size,
-            pipeline_depth: a.pipeline_depth,
-            bidirectional: a.bidirectional,
-            min_payload_bytes: a.min_payload,
-            topology: equarx::cost::Topology::parse(topology)
-                .map_err(|e| anyhow::anyhow!("--topology: {e}"))?,
-            element_types: parse_element_types(&a.types)
-                .map_err(|e| anyhow::anyhow!("--types: {e}"))?,
-            scale_type: a.scale_type,
-            gather: a.gather,
-            fuse: a.fuse,
-            algorithm: a.algorithm,
-            rotation: a.rotation,
-            unroll: a.unroll,
-            max_error_pct: a.max_error,
-        },
-        counts: DeviceCounts {
-            replica_count: a.replica_count,
-            num_partitions: a.num_partitions,
-        },
-        disabled_passes: vec![],
-    };
-    options.validate().map_err(anyhow::Error::msg)?;
-    Ok(options)
+    equarx::options::from_pairs(a.given.iter().map(|(n, v)| (*n, v.as_str())))
+        .map_err(anyhow::Error::msg)
 }
 
 fn rewrite(a: RewriteArgs) -> Result<()> {
-    let mut options = pass_options(&a.pass)?;
-    options.disabled_passes = a.disable_pass.clone();
+    let options = pass_options(&a.pass)?;
     if a.input.input.is_dir() {
         return rewrite_dir(&a, &options);
     }
@@ -593,7 +523,7 @@ fn print(a: PrintArgs) -> Result<()> {
 }
 
 fn analyze(a: AnalyzeArgs) -> Result<()> {
-    if a.pass.topology.is_some() {
+    if a.pass.given("topology") {
         return analyze_predicted(&a);
     }
     let loaded = load(&a.input)?;
@@ -829,13 +759,5 @@ mod tests {
             panic!("not rewrite")
         };
         assert_eq!(pass_options(&a.pass).unwrap().pass, Options::default());
-    }
-
-    #[test]
-    fn byte_counts_take_suffixes() {
-        assert_eq!(parse_bytes("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_bytes("64 KiB"), Ok(64 << 10));
-        assert_eq!(parse_bytes("0"), Ok(0));
-        assert!(parse_bytes("lots").is_err());
     }
 }

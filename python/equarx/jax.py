@@ -57,39 +57,29 @@ def _stage(stage: Any):
         ) from None
 
 
-def options(
-    *,
-    block_size: int | None = None,
-    pipeline_depth: int | None = None,
-    bidirectional: bool | None = None,
-    min_payload: int | None = None,
-    types: Iterable[str] | None = None,
-    scale_type: str | None = None,
-    gather: str | None = None,
-    fuse: str | None = None,
-    replica_count: int | None = None,
-    num_partitions: int | None = None,
-    disabled_passes: Iterable[str] | None = None,
-) -> dict[str, Any]:
-    """The options :func:`enable` passes to equarx, as the C ABI's JSON keys.
+def options(**pass_options: Any) -> dict[str, Any]:
+    """The options :func:`enable` passes to equarx: keyword arguments named
+    as equarx's options, with the values its JSON takes (the one list is
+    equarx's own: ``src/options.rs``, the README's "Options", ``equarx
+    rewrite --help``). E.g. ``block_size=32``, ``min_payload_bytes=0`` (also
+    ``"1MiB"``; alias ``min_payload``), ``types=("bf16", "f32")``,
+    ``fuse="off"``.
 
-    Options left as ``None`` are not sent: equarx's own defaults apply (the
-    same as the ``equarx`` command line's; see its ``rewrite --help``).
+    Nothing is checked or renamed here, so this package cannot drift from
+    the library: equarx judges every name and value (:func:`enable` asks it
+    at once, :func:`equarx.check_options` on demand) and refuses an unknown
+    one with the same message as its other doors. Lists may be any
+    iterable; ``None`` leaves an option at equarx's default.
     """
-    given = {
-        "block_size": block_size,
-        "pipeline_depth": pipeline_depth,
-        "bidirectional": bidirectional,
-        "min_payload_bytes": min_payload,
-        "types": None if types is None else list(types),
-        "scale_type": scale_type,
-        "gather": gather,
-        "fuse": fuse,
-        "replica_count": replica_count,
-        "num_partitions": num_partitions,
-        "disabled_passes": None if disabled_passes is None else list(disabled_passes),
-    }
-    return {k: v for k, v in given.items() if v is not None}
+    return {k: _json_value(v) for k, v in pass_options.items() if v is not None}
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, (str, bytes, bool, int, float, dict)):
+        return v
+    if isinstance(v, Iterable):
+        return list(v)
+    return v
 
 
 def _callback(options_json: bytes):
@@ -113,12 +103,11 @@ def enable(
 ) -> None:
     """Registers equarx with JAX for ``platforms``.
 
-    ``pass_options`` are those of :func:`options` (block_size,
-    pipeline_depth, bidirectional, min_payload, types, scale_type, gather,
-    fuse, replica_count, num_partitions, disabled_passes). At the
+    ``pass_options`` are equarx's options, as for :func:`options`. At the
     pre-scheduler stage XLA has fused the module, so ``fuse="auto"`` (the
-    default) outlines equarx's ops into loop fusions of their own. They are checked now:
-    invalid ones raise :class:`equarx.EquarxError` with equarx's message.
+    default) outlines equarx's ops into loop fusions of their own. They are
+    checked now: invalid ones raise :class:`equarx.EquarxError` with
+    equarx's message.
     Enabling again replaces the previous registration.
     """
     global _registered
