@@ -165,7 +165,7 @@ pub static OPTIONS: &[OptionSpec] = &[
               adds about 35 instructions to the loop body (XLA:CPU overlaps none, \
               [BENCHMARKS.md](BENCHMARKS.md))",
         unset: "",
-        example: "1",
+        example: "2",
         refused: Some(("-2", "expected a whole number")),
         set: |o, v| {
             o.pass.pipeline_depth = size(whole(v)?)?;
@@ -359,7 +359,13 @@ pub static OPTIONS: &[OptionSpec] = &[
         example: "1.1",
         refused: Some(("-1", "the error budget must be a positive percentage")),
         set: |o, v| {
-            o.pass.max_error_pct = nullable(v, number)?;
+            let budget = nullable(v, number)?;
+            if let Some(e) = budget.filter(|e| *e <= 0.0) {
+                return Err(format!(
+                    "the error budget must be a positive percentage, is {e}"
+                ));
+            }
+            o.pass.max_error_pct = budget;
             Ok(())
         },
         show: |o| o.pass.max_error_pct.map(|e| e.to_string()),
@@ -843,9 +849,10 @@ mod tests {
     #[test]
     fn text_and_json_mean_the_same() {
         let j = from_json(
-            r#"{"block_size": 32, "pipeline_depth": "1", "bidirectional": false,
+            r#"{"block_size": 32, "pipeline_depth": "2", "bidirectional": false,
                 "min_payload_bytes": 1048576, "topology": "h100", "types": ["bf16", "f32"],
                 "scale_type": "f32", "gather": "permute", "fuse": "off",
+                "algorithm": "two-shot", "rotation": "hadamard", "unroll": true, "max_error": 1.1,
                 "replica_count": 1, "num_partitions": 8, "disabled_passes": ["quantized-all-reduce"]}"#,
         )
         .unwrap();

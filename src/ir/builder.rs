@@ -462,6 +462,22 @@ impl<'m> Builder<'m> {
         self.add(i, &[x])
     }
 
+    /// A tuple all-to-all: piece k of `pieces` goes to group member k, and
+    /// element k of the result comes from member k.
+    pub fn all_to_all_tuple(
+        &mut self,
+        pieces: &[Value],
+        groups: &[Vec<i64>],
+        channel: Option<i64>,
+    ) -> Value {
+        let shape = shape::tuple(pieces.iter().map(|v| v.shape.clone()).collect());
+        let mut i = Self::op_with_shape("all-to-all", shape);
+        i.channel_id = channel.unwrap_or(0);
+        i.replica_group_list = Some(Self::group_list(groups));
+        let ops: Vec<&Value> = pieces.iter().collect();
+        self.add(i, &ops)
+    }
+
     pub fn replica_id(&mut self) -> Value {
         self.add(Self::op("replica-id"), &[])
     }

@@ -38,6 +38,10 @@ pub struct EmitInputs<'a> {
     pub add_f32: CompId,
     /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
     pub async_permutes: bool,
+    /// The module is past XLA's optimizations (already fused): XLA will not
+    /// decompose what it emits any more, so collectives take the forms its
+    /// runtime runs directly.
+    pub late: bool,
 }
 
 /// What [`emit`] made.
@@ -117,12 +121,12 @@ enum Const {
     S32(i32),
 }
 
-/// The step a repeated op belongs to: a constant when unrolled, the loop
-/// counter (an s32 scalar) in a loop body.
+/// The step a repeated op belongs to: a constant when unrolled; in a loop
+/// body, the counter after this step (s + 1, an s32 scalar).
 #[derive(Clone)]
 enum Step {
     At(i64),
-    Counter(Value),
+    Next(Value),
 }
 
 /// Emits into one computation, with its own constants: every scalar
@@ -139,6 +143,9 @@ struct Emitter<'b, 'm, 'i> {
     coordinates: HashMap<usize, Value>,
     /// [`Self::byte_shifts`], by block count.
     shifts: HashMap<i64, Value>,
+    /// Values whose buffers belong to the operands (a payload that is only
+    /// a reshape of one): a loop must not take them over.
+    borrowed: Vec<InstrId>,
 }
 
 impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
@@ -156,6 +163,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             indices: HashMap::default(),
             coordinates: HashMap::default(),
             shifts: HashMap::default(),
+            borrowed: Vec::new(),
         }
     }
 
@@ -245,7 +253,11 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         }
         let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
         dims.push(plan.chunk as i64);
-        self.b.reshape(&payload, &dims)
+        let view = self.b.reshape(&payload, &dims);
+        if operands.iter().any(|x| x.id == payload.id) || flat.iter().any(|f| f.id == payload.id) {
+            self.borrowed.push(view.id);
+        }
+        view
     }
 
     /// f32[n] → each block of B multiplied by `H_B/√B`. Inputs that are
@@ -331,15 +343,15 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 self.indices.insert(key, v.clone());
                 v
             }
-            // The counter runs over 0..Q−1, so a − (s + plus) + 2Q ≥ 0
-            // for the plus values used (≤ 2).
-            Step::Counter(s) => {
+            // k = s + plus = next + plus − 1, with next in 1..Q−1 and plus
+            // at most 2, so a − k + 2Q ≥ 0.
+            Step::Next(next) => {
                 let shifted = if dir > 0 {
-                    let base = self.s32c(2 * q - plus);
-                    self.b.binary("subtract", &base, s)
+                    let base = self.s32c(2 * q - plus + 1);
+                    self.b.binary("subtract", &base, next)
                 } else {
-                    let plus = self.s32c(plus);
-                    self.b.add_op(s, &plus)
+                    let plus = self.s32c(plus - 1);
+                    self.b.add_op(next, &plus)
                 };
                 let sum = self.b.add_op(a, &shifted);
                 let qv = self.s32c(q);
@@ -565,8 +577,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 let lanes = plan.lanes.len();
                 let out = self.repeat(q - 1, &state, |e, s, state| {
                     let (held, a) = (&state[lanes], &state[lanes + 1]);
-                    let mut next =
-                        e.ring_step(&state[..lanes], held, at, a, axis, &Step::Counter(s));
+                    let mut next = e.ring_step(&state[..lanes], held, at, a, axis, &Step::Next(s));
                     next.extend([held.clone(), a.clone()]);
                     next
                 });
@@ -608,14 +619,30 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
         let width = message.dims()[1];
-        let message = self.b.reshape(&message, &[p, nb, width]);
+        // Rank 2, split along the major dimension: the array form every
+        // backend runs without decomposing it first (the pre-scheduler
+        // hook comes after XLA's all-to-all decomposer).
+        let message = self.b.reshape(&message, &[p, nb * width]);
         let parts = self.inputs.participants;
         let channel = match parts.space {
             IdSpace::Partition => Some(self.b.fresh_channel_id()),
             IdSpace::Replica => None,
         };
         let groups = parts.groups.clone();
-        let received = self.b.all_to_all(&message, 0, &groups, channel);
+        let received = if self.inputs.late {
+            // XLA:CPU decomposes array all-to-alls into the tuple form early
+            // in its pipeline and runs only that form; past that point the
+            // pieces are sent as a tuple.
+            let x = nb * width;
+            let pieces: Vec<Value> = (0..p)
+                .map(|k| self.b.slice(&message, &[k, 0], &[k + 1, x]))
+                .collect();
+            let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
+            let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
+            self.b.concatenate(&got, 0)
+        } else {
+            self.b.all_to_all(&message, 0, &groups, channel)
+        };
         let received = self.b.reshape(&received, &[p * nb, width]);
         let values = self.dequantize(&received);
         let values = self.b.reshape(&values, &[p, c]);
@@ -694,7 +721,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 let n = state.len();
                 state.push(rank.clone());
                 let mut out = self.repeat(p - 1, &state, |e, s, state| {
-                    let mut next = e.relay_step(&bounds, &Step::Counter(s), &state[..n], &state[n]);
+                    let mut next = e.relay_step(&bounds, &Step::Next(s), &state[..n], &state[n]);
                     next.push(state[n].clone());
                     next
                 });
@@ -727,7 +754,21 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         };
         let mut next = Vec::new();
         for (k, &(dir, lo, hi)) in bounds.iter().enumerate() {
+            // The received part goes into the state in place of the one
+            // sent: a copy, so the collective never writes the buffer it
+            // reads (no copy insertion follows the pre-scheduler hook).
+            // The received part goes into the state in place of the one
+            // sent: a copy, so the collective never writes the buffer it
+            // reads (no copy insertion follows the pre-scheduler hook).
             let travelling = self.permute(&state[2 * k], whole, dir);
+            let travelling = match s {
+                Step::Next(_) => self.b.unary("copy", &travelling),
+                Step::At(_) => travelling,
+            };
+            let travelling = match s {
+                Step::Next(_) => self.b.unary("copy", &travelling),
+                Step::At(_) => travelling,
+            };
             let from = self.index(rank, p, dir, s, 1);
             let row = self.b.reshape(&travelling, &[1, hi - lo]);
             let col = self.s32c(0);
@@ -740,17 +781,31 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     }
 
     /// A `while` loop that runs `body` `trips` times over `state`; the body
-    /// gets its own emitter, the counter and the state's elements, and
-    /// returns the next state's elements. Returns the final elements.
+    /// gets its own emitter, the counter after the step (s + 1) and the
+    /// state's elements, and returns the next state's elements. Returns the
+    /// final elements.
     fn repeat(
         &mut self,
         trips: i64,
         state: &[Value],
         body: impl FnOnce(&mut Emitter<'_, '_, 'i>, Value, &[Value]) -> Vec<Value>,
     ) -> Vec<Value> {
+        // A while loop updates its state in place. At XLA's pre-scheduler
+        // hook, copy insertion has already run, so the loop gets copies of
+        // what it must not write to: the counter's constant (shared by
+        // every device of the executable), scalars read after the loop, and
+        // a payload that is the operands' own buffer.
         let counter = self.s32c(0);
-        let mut init = vec![counter];
-        init.extend(state.iter().cloned());
+        let init: Vec<Value> = std::iter::once(counter)
+            .chain(state.iter().cloned())
+            .map(|v| {
+                if v.dims().is_empty() || self.borrowed.contains(&v.id) {
+                    self.b.unary("copy", &v)
+                } else {
+                    v
+                }
+            })
+            .collect();
         let init = self.b.tuple(&init);
         let tuple = init.shape.clone();
         let inputs = self.inputs;

@@ -417,13 +417,15 @@ impl Pass for QuantizedAllReduce {
         let mut reducers = None;
         let mut changed = false;
         let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
+        // A module that holds fusions is past XLA's optimizations.
+        let late = module
+            .computations()
+            .iter()
+            .any(|c| c.instructions().iter().any(|i| i.opcode == "fusion"));
         let fuse = match self.options.fuse {
             FuseMode::On => true,
             FuseMode::Off => false,
-            FuseMode::Auto => module
-                .computations()
-                .iter()
-                .any(|c| c.instructions().iter().any(|i| i.opcode == "fusion")),
+            FuseMode::Auto => late,
         };
         let mut dead_comps: Vec<CompId> = Vec::new();
         for comp_id in comp_ids {
@@ -476,6 +478,7 @@ impl Pass for QuantizedAllReduce {
                             module,
                             &candidate,
                             &plan,
+                            late,
                             reducers,
                             &mut edits,
                             &mut dead_comps,
@@ -891,6 +894,7 @@ fn rewrite(
     module: &mut Module,
     c: &Candidate,
     plan: &Plan,
+    late: bool,
     reducers: Reducers,
     edits: &mut Edits,
     dead_comps: &mut Vec<CompId>,
@@ -978,6 +982,7 @@ fn rewrite(
             or_s32: reducers.or_s32,
             add_f32: reducers.add_f32,
             async_permutes: c.done.is_some(),
+            late,
         },
     );
     let sums = emitted.values;
