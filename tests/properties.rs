@@ -152,7 +152,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             Phase::Ring { axis } => {
                 plan.lanes.len() as u64 * if unrolled { axis.size as u64 - 1 } else { 1 }
             }
-            Phase::Exchange { .. } => 1,
+            Phase::Exchange { .. } | Phase::Scatter => 1,
             Phase::Gather => match plan.config.gather {
                 GatherForm::AllGather => 1,
                 GatherForm::Permute => {

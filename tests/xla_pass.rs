@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::modules::{all_reduces, iota, list, load, make_async, opts, with_counts};
-use common::{Rng, read_values, run_xla, scratch};
+use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
 use equarx::ir::shape;
 use equarx::numerics::error::{output_rounding_rel_rms, quantization_rel_rms};
 use equarx::numerics::simulate;
@@ -624,32 +624,6 @@ fn shardings(m: &HloModuleProto, check: &Check, n: usize) -> Vec<Option<OpShardi
         .collect()
 }
 
-fn write_inputs(dir: &Path, params: &[(String, Vec<i64>)], values: &[Vec<Vec<f32>>]) -> Value {
-    let devices: Vec<Value> = values
-        .iter()
-        .enumerate()
-        .map(|(d, per_param)| {
-            let entries: Vec<Value> = per_param
-                .iter()
-                .enumerate()
-                .map(|(k, v)| {
-                    let (ty, dims) = &params[k];
-                    let path = dir.join(format!("dev{d}_in{k}.bin"));
-                    let bytes = if ty == "bf16" {
-                        common::bf16_bytes(v)
-                    } else {
-                        common::f32_bytes(v)
-                    };
-                    std::fs::write(&path, bytes).unwrap();
-                    json!({"path": path, "dtype": ty, "shape": dims})
-                })
-                .collect();
-            Value::Array(entries)
-        })
-        .collect();
-    Value::Array(devices)
-}
-
 fn run_job(module: &Path, case: &Case, inputs: &Value, out: &Path) -> Value {
     let mut job = json!({
         "kind": "run",
@@ -667,34 +641,6 @@ fn run_job(module: &Path, case: &Case, inputs: &Value, out: &Path) -> Value {
         job["debug_options"] = json!({ "xla_disable_hlo_passes": passes });
     }
     job
-}
-
-/// Outputs of a run: per device, per output, f32 values.
-fn outputs(result: &Value, dir: &Path, devices: usize) -> Vec<Vec<Vec<f32>>> {
-    assert_eq!(result["ok"], true, "run failed: {}", result["error"]);
-    let outs = result["outputs"].as_array().unwrap();
-    (0..devices)
-        .map(|d| {
-            outs.iter()
-                .enumerate()
-                .map(|(k, o)| {
-                    read_values(
-                        &dir.join(format!("dev{d}_out{k}.bin")),
-                        o["dtype"].as_str().unwrap(),
-                    )
-                })
-                .collect()
-        })
-        .collect()
-}
-
-fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (&g, &w) in got.iter().zip(want) {
-        num += (f64::from(g) - w).powi(2);
-        den += w * w;
-    }
-    (num / den).sqrt()
 }
 
 struct Measured {

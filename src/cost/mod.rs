@@ -38,7 +38,7 @@
 //! link carries two ring edges: half the bandwidth. NVSwitch GPUs give every
 //! pattern (ring, all-to-all, all-gather) the GPU's full NVLink egress.
 
-use crate::plan::{Form, Phase, Plan, Rotation, ring_wire_bytes};
+use crate::plan::{Collective, Form, Phase, Plan, Rotation, baseline_wire_bytes};
 
 /// A named machine, with the public figures the model uses.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -206,17 +206,36 @@ fn gather_us(t: &Topology, p: f64, bytes: f64) -> f64 {
 /// XLA's all-reduce of `payload_bytes` over `p` ranks in the payload's own
 /// type: the better of a bidirectional ring and a two-shot exchange.
 pub fn baseline_us(t: &Topology, p: usize, payload_bytes: u64) -> f64 {
-    let steps = 2.0 * (p as f64 - 1.0);
-    let bw = t.ring_gbps(true) * BYTES_PER_US_PER_GBPS;
-    let ring = steps * t.step_latency_us + ring_wire_bytes(p, payload_bytes) as f64 / bw;
-    let half = ring_wire_bytes(p, payload_bytes) as f64 / 2.0;
-    let pf = p as f64;
-    let two_shot = exchange_us(t, pf, half) + gather_us(t, pf, half);
-    ring.min(two_shot)
+    baseline_collective_us(t, Collective::AllReduce, p, payload_bytes)
 }
 
-/// Predicts one all-reduce of `payload_bytes` (elements of `elem_bytes`)
-/// carried out by `plan`, against the baseline in the payload's own type.
+/// XLA's `collective` of an operand of `operand_bytes` over `p` ranks in
+/// its own type: the better of the ring and the direct exchange where both
+/// apply.
+pub fn baseline_collective_us(
+    t: &Topology,
+    collective: Collective,
+    p: usize,
+    operand_bytes: u64,
+) -> f64 {
+    let bw = t.ring_gbps(true) * BYTES_PER_US_PER_GBPS;
+    let pf = p as f64;
+    let bytes = baseline_wire_bytes(collective, p, operand_bytes) as f64;
+    let ring = |steps: f64, bytes: f64| steps * t.step_latency_us + bytes / bw;
+    match collective {
+        Collective::AllReduce => {
+            let half = bytes / 2.0;
+            ring(2.0 * (pf - 1.0), bytes).min(exchange_us(t, pf, half) + gather_us(t, pf, half))
+        }
+        Collective::ReduceScatter => ring(pf - 1.0, bytes).min(exchange_us(t, pf, bytes)),
+        Collective::AllGather => gather_us(t, pf, bytes),
+        Collective::AllToAll => exchange_us(t, pf, bytes),
+    }
+}
+
+/// Predicts the collective of `payload_bytes` (the operand's bytes, of
+/// elements of `elem_bytes`) carried out by `plan`, against XLA's in the
+/// operand's own type.
 pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -> Prediction {
     let p = plan.group_size as f64;
     let alpha = t.step_latency_us;
@@ -251,14 +270,31 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
                 comm += alpha_k + gather_us(t, p, bytes);
                 hbm_bytes += c * (4.0 + 1.0) + p * c * (1.0 + elem_bytes as f64);
             }
+            Phase::Scatter => {
+                comm += alpha_k + exchange_us(t, p, bytes);
+                hbm_bytes += p * c * (own_bytes + 1.0 + scales) + p * c * (1.0 + elem_bytes as f64);
+            }
         }
+    }
+    // A reduce-scatter writes its owned f32 chunk out in the output type.
+    if plan.collective == Collective::ReduceScatter {
+        hbm_bytes += c * (4.0 + elem_bytes as f64);
     }
     // The forward rotation is one more pass (input in, f32 out); the
     // inverse is a dot on the gathered codes whose scaling the backend
     // fuses into the dot's output (TPU and GPU fuse a dot's elementwise
     // consumer), so it costs no pass of its own.
     if rotated {
-        hbm_bytes += p * c * (elem_bytes as f64 + 4.0);
+        let payload = match plan.collective {
+            Collective::AllGather => c,
+            _ => p * c,
+        };
+        hbm_bytes += payload * (elem_bytes as f64 + 4.0);
+        // Unquantized at the end, a reduce-scatter's chunk is rotated back
+        // by a dot of its own.
+        if plan.collective == Collective::ReduceScatter {
+            hbm_bytes += c * 8.0;
+        }
     }
     let compute = hbm_bytes / (t.hbm_gbps * BYTES_PER_US_PER_GBPS);
     let chains = plan.lanes.len() as f64;
@@ -269,7 +305,7 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
         comm + compute
     };
     Prediction {
-        bf16_us: baseline_us(t, plan.group_size, payload_bytes),
+        bf16_us: baseline_collective_us(t, plan.collective, plan.group_size, payload_bytes),
         equarx_us,
         compute_us: compute,
     }

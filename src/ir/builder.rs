@@ -313,6 +313,14 @@ impl<'m> Builder<'m> {
         )
     }
 
+    /// `transpose(x)`: output dimension i is operand dimension `perm[i]`.
+    pub fn transpose(&mut self, x: &Value, perm: &[i64]) -> Value {
+        let dims: Vec<i64> = perm.iter().map(|&p| x.dims()[p as usize]).collect();
+        let mut i = Self::op_with_shape("transpose", shape::with_dims(&x.shape, &dims));
+        i.dimensions = perm.to_vec();
+        self.add(i, &[x])
+    }
+
     /// Broadcast `x` into `dims`; operand dim i becomes output dim `map[i]`.
     pub fn broadcast(&mut self, x: &Value, dims: &[i64], map: &[i64]) -> Value {
         let mut i = Self::op_with_shape("broadcast", shape::with_dims(&x.shape, dims));

@@ -15,7 +15,7 @@
 //! tests show it.
 
 use super::{ScaleType, dequantize, dequantize_rotated, quantize_block, rotate_block};
-use crate::plan::{Algorithm, Axis, Config, Phase, Plan, Rotation};
+use crate::plan::{Algorithm, Axis, Collective, Config, Phase, Plan, Rotation};
 
 /// A small deterministic generator (splitmix64): seeded, reproducible
 /// inputs without extra crates.
@@ -117,46 +117,108 @@ impl Distribution {
 /// `inputs` (one payload per rank, all of the same length), before
 /// rounding to the output type.
 pub fn quantized_all_reduce(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<f32> {
-    let (c, b, st) = (plan.chunk, plan.block(), plan.scale_type());
-    let n = inputs.first().map_or(0, Vec::len);
+    run(inputs, plan, fma).swap_remove(0)
+}
+
+/// What each rank holds after `plan`'s collective over `inputs` (one
+/// operand per rank, flattened), before rounding to the output type:
+/// all-reduce, every rank the sum; reduce-scatter, rank t the sum of row t;
+/// all-gather, every rank all operands in rank order; all-to-all, rank t
+/// every rank's row t in rank order.
+pub fn run(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<Vec<f32>> {
+    let (p, c, b, st) = (plan.group_size, plan.chunk, plan.block(), plan.scale_type());
     let rotated = plan.config.rotation == Rotation::Hadamard;
-    // held[r][t]: rank r's value of chunk t (None once it gave it away).
+    let turn = |v: Vec<f32>| -> Vec<f32> {
+        if rotated {
+            v.chunks(b).flat_map(rotate_block).collect()
+        } else {
+            v
+        }
+    };
+    // The rows of an operand, each padded to c (the all-reduce pads its
+    // flat payload to P·c, which is the same rows).
+    let rows_of = |x: &[f32]| -> Vec<Vec<f32>> {
+        match plan.row {
+            None => {
+                let mut v = x.to_vec();
+                v.resize(plan.padded(), 0.0);
+                v.chunks(c).map(|r| r.to_vec()).collect()
+            }
+            Some(m) => x
+                .chunks(m)
+                .map(|r| {
+                    let mut r = r.to_vec();
+                    r.resize(c, 0.0);
+                    r
+                })
+                .collect(),
+        }
+    };
+    // held[r][t]: rank r's value of chunk t (None where it has none).
     let mut held: Vec<Vec<Option<Vec<f32>>>> = inputs
         .iter()
-        .map(|x| {
-            let mut v = x.clone();
-            v.resize(plan.padded(), 0.0);
-            if rotated {
-                v = v.chunks(b).flat_map(rotate_block).collect();
-            }
-            v.chunks(c).map(|chunk| Some(chunk.to_vec())).collect()
+        .enumerate()
+        .map(|(r, x)| match plan.collective {
+            Collective::AllGather => (0..p)
+                .map(|t| (t == r).then(|| turn(rows_of(x).swap_remove(0))))
+                .collect(),
+            _ => rows_of(x).into_iter().map(|row| Some(turn(row))).collect(),
         })
         .collect();
-    let mut out = vec![0.0f32; plan.padded()];
+    let dequantized = |row: &[f32]| -> Vec<f32> {
+        row.chunks(b)
+            .flat_map(|block| {
+                let (q, s) = quantize_block(block, st);
+                if rotated {
+                    dequantize_rotated(&q, s)
+                } else {
+                    dequantize(&q, s).collect()
+                }
+            })
+            .collect()
+    };
+    let m = plan.row.unwrap_or(c);
+    let mut out: Vec<Vec<f32>> = vec![Vec::new(); p];
     for phase in &plan.phases {
         match *phase {
             Phase::Ring { axis } => ring_phase(&mut held, axis, plan, fma),
             Phase::Exchange { axis } => exchange_phase(&mut held, axis, b, st, fma),
             Phase::Gather => {
-                for (t, chunks) in held.iter().enumerate() {
-                    let owned = chunks[t].as_ref().expect("rank t owns chunk t");
-                    for (k, block) in owned.chunks(b).enumerate() {
-                        let (q, s) = quantize_block(block, st);
-                        let at = t * c + k * b;
-                        let dst = &mut out[at..at + b];
-                        if rotated {
-                            dst.copy_from_slice(&dequantize_rotated(&q, s));
-                        } else {
-                            dst.iter_mut()
-                                .zip(dequantize(&q, s))
-                                .for_each(|(d, v)| *d = v);
-                        }
-                    }
+                let all: Vec<f32> = (0..p)
+                    .flat_map(|t| {
+                        let row = dequantized(held[t][t].as_ref().expect("rank t owns chunk t"));
+                        row[..m].to_vec()
+                    })
+                    .collect();
+                out = vec![all; p];
+            }
+            Phase::Scatter => {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = (0..p)
+                        .flat_map(|k| {
+                            let row = dequantized(held[k][r].as_ref().expect("held"));
+                            row[..m].to_vec()
+                        })
+                        .collect();
                 }
             }
         }
     }
-    out.truncate(n);
+    match plan.collective {
+        Collective::AllReduce => {
+            let n = inputs.first().map_or(0, Vec::len);
+            out.iter_mut().for_each(|o| o.truncate(n));
+        }
+        Collective::ReduceScatter => {
+            // The owned sum, unquantized, rotated back.
+            for (r, o) in out.iter_mut().enumerate() {
+                let sum = held[r][r].clone().expect("rank r owns chunk r");
+                *o = turn(sum);
+                o.truncate(m);
+            }
+        }
+        Collective::AllGather | Collective::AllToAll => {}
+    }
     out
 }
 

@@ -129,6 +129,32 @@ pub enum Rotation {
     Hadamard,
 }
 
+/// Which collective a plan carries out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Collective {
+    /// Every rank ends with the sum of everyone's payload.
+    AllReduce,
+    /// Rank t ends with the sum of everyone's row t.
+    ReduceScatter,
+    /// Every rank ends with everyone's payload, in rank order.
+    AllGather,
+    /// Rank t ends with everyone's row t, in rank order.
+    AllToAll,
+}
+
+impl Collective {
+    /// The HLO opcode (without `-start`).
+    pub fn opcode(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::AllGather => "all-gather",
+            Collective::AllToAll => "all-to-all",
+        }
+    }
+}
+
 /// One concrete configuration: what the per-op choice picked.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
@@ -176,6 +202,9 @@ pub enum Phase {
     /// The owned chunk, quantized once, reaches every rank of the group;
     /// everybody (the owner too) dequantizes the same codes.
     Gather,
+    /// Every row quantized once and sent to the rank it belongs to by one
+    /// all-to-all; nothing is summed.
+    Scatter,
 }
 
 /// Why no plan can be made.
@@ -205,6 +234,12 @@ pub enum PlanError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub config: Config,
+    pub collective: Collective,
+    /// For the collectives that cut their payload into P rows (one per
+    /// rank: reduce-scatter, all-to-all, and all-gather's one row), the
+    /// elements of a row; each row is padded to `chunk` on its own. `None`:
+    /// the all-reduce's payload, flattened and padded as a whole.
+    pub row: Option<usize>,
     /// Group size P.
     pub group_size: usize,
     /// Payload elements (all packed operands).
@@ -217,8 +252,32 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for `elements` payload elements over groups of `p` ranks.
+    /// The all-reduce plan for `elements` payload elements over groups of
+    /// `p` ranks.
     pub fn new(p: usize, elements: usize, config: &Config) -> Result<Self, PlanError> {
+        Self::build(Collective::AllReduce, p, elements, None, config)
+    }
+
+    /// The plan of `collective` over groups of `p` ranks whose rows hold
+    /// `row` elements each (reduce-scatter, all-to-all: the operand is P
+    /// rows; all-gather: the operand is one row).
+    pub fn rows(
+        collective: Collective,
+        p: usize,
+        row: usize,
+        config: &Config,
+    ) -> Result<Self, PlanError> {
+        let elements = row.checked_mul(p).ok_or(PlanError::TooLarge)?;
+        Self::build(collective, p, elements, Some(row), config)
+    }
+
+    fn build(
+        collective: Collective,
+        p: usize,
+        elements: usize,
+        row: Option<usize>,
+        config: &Config,
+    ) -> Result<Self, PlanError> {
         if p < 2 {
             return Err(PlanError::GroupOfOne);
         }
@@ -226,18 +285,22 @@ impl Plan {
         if config.rotation == Rotation::Hadamard && !b.is_power_of_two() {
             return Err(PlanError::RotationBlock(b));
         }
-        let per_rank_blocks = elements
-            .div_ceil(p.checked_mul(b).ok_or(PlanError::TooLarge)?)
-            .max(1);
+        let per_rank_blocks = match row {
+            // Rows are padded one by one.
+            Some(m) => m.div_ceil(b).max(1),
+            None => elements
+                .div_ceil(p.checked_mul(b).ok_or(PlanError::TooLarge)?)
+                .max(1),
+        };
         let chunk = per_rank_blocks.checked_mul(b).ok_or(PlanError::TooLarge)?;
         let padded = chunk.checked_mul(p).ok_or(PlanError::TooLarge)?;
         if i32::try_from(padded).is_err() {
             return Err(PlanError::TooLarge);
         }
         let whole = Axis { size: p, stride: 1 };
-        let phases = match config.algorithm {
-            Algorithm::Ring => vec![Phase::Ring { axis: whole }, Phase::Gather],
-            Algorithm::TwoShot => vec![Phase::Exchange { axis: whole }, Phase::Gather],
+        let reduce = match config.algorithm {
+            Algorithm::Ring => vec![Phase::Ring { axis: whole }],
+            Algorithm::TwoShot => vec![Phase::Exchange { axis: whole }],
             Algorithm::TwoLevel { outer, inner } => {
                 if outer < 2 || inner < 2 || outer.checked_mul(inner) != Some(p) {
                     return Err(PlanError::BadGrid {
@@ -259,13 +322,20 @@ impl Plan {
                             stride: inner,
                         },
                     },
-                    Phase::Gather,
                 ]
             }
+        };
+        let phases = match collective {
+            Collective::AllReduce => [reduce, vec![Phase::Gather]].concat(),
+            Collective::ReduceScatter => reduce,
+            Collective::AllGather => vec![Phase::Gather],
+            Collective::AllToAll => vec![Phase::Scatter],
         };
         let lanes = lanes(per_rank_blocks, b, config);
         let plan = Plan {
             config: config.clone(),
+            collective,
+            row,
             group_size: p,
             elements,
             chunk,
@@ -280,6 +350,16 @@ impl Plan {
             });
         }
         Ok(plan)
+    }
+
+    /// How the plan gets its result, for reports: the reduce algorithm for
+    /// the reducing collectives, the single exchange otherwise.
+    pub fn algorithm_name(&self) -> String {
+        match self.collective {
+            Collective::AllReduce | Collective::ReduceScatter => self.config.algorithm.to_string(),
+            Collective::AllGather => "gather".into(),
+            Collective::AllToAll => "exchange".into(),
+        }
     }
 
     pub fn block(&self) -> usize {
@@ -330,7 +410,9 @@ impl Plan {
             Phase::Ring { axis } | Phase::Exchange { axis } => {
                 (axis.size - 1) as u64 * self.message_len(rows / axis.size * self.chunk) as u64
             }
-            Phase::Gather => (self.group_size - 1) as u64 * self.message_len(self.chunk) as u64,
+            Phase::Gather | Phase::Scatter => {
+                (self.group_size - 1) as u64 * self.message_len(self.chunk) as u64
+            }
         }
     }
 
@@ -349,7 +431,7 @@ impl Plan {
             .iter()
             .map(|p| match p {
                 Phase::Ring { axis } => (axis.size as u64 - 1) * self.lanes.len() as u64,
-                Phase::Exchange { .. } => 1,
+                Phase::Exchange { .. } | Phase::Scatter => 1,
                 Phase::Gather => match self.config.gather {
                     GatherForm::AllGather => 1,
                     GatherForm::Permute => {
@@ -361,7 +443,9 @@ impl Plan {
     }
 
     /// Σ over the quantizations a final value went through of the number of
-    /// device contributions the quantized value held, divided by P: the
+    /// device contributions the quantized value held, divided by the
+    /// contributions the final value holds (P for a sum, 1 for a gathered or
+    /// exchanged value): the
     /// factor the error model multiplies a single quantization's relative
     /// noise by. Ring: (P+1)/2; two-shot: 2; two-level: (P1+P2)/2.
     ///
@@ -374,7 +458,7 @@ impl Plan {
             .iter()
             .map(|p| match p {
                 Phase::Ring { axis } => (axis.size as f64 - 1.0) / 2.0,
-                Phase::Exchange { .. } | Phase::Gather => 1.0,
+                Phase::Exchange { .. } | Phase::Gather | Phase::Scatter => 1.0,
             })
             .sum()
     }
@@ -386,7 +470,7 @@ impl Plan {
             .iter()
             .map(|p| match p {
                 Phase::Ring { axis } => axis.size - 1,
-                Phase::Exchange { .. } | Phase::Gather => 1,
+                Phase::Exchange { .. } | Phase::Gather | Phase::Scatter => 1,
             })
             .sum()
     }
@@ -396,7 +480,7 @@ impl Phase {
     pub fn axis(&self) -> Option<Axis> {
         match self {
             Phase::Ring { axis } | Phase::Exchange { axis } => Some(*axis),
-            Phase::Gather => None,
+            Phase::Gather | Phase::Scatter => None,
         }
     }
 }
@@ -435,6 +519,19 @@ fn lanes(blocks: usize, b: usize, config: &Config) -> Vec<Lane> {
 pub fn ring_wire_bytes(group_size: usize, payload_bytes: u64) -> u64 {
     let p = group_size as u64;
     2 * (p - 1) * payload_bytes / p
+}
+
+/// Bytes each device sends for `collective` of an operand of
+/// `operand_bytes` in its own type, done the bandwidth-optimal way:
+/// all-reduce 2·(P−1)/P, reduce-scatter and all-to-all (P−1)/P of the
+/// operand, all-gather P−1 times it.
+pub fn baseline_wire_bytes(collective: Collective, group_size: usize, operand_bytes: u64) -> u64 {
+    let p = group_size as u64;
+    match collective {
+        Collective::AllReduce => ring_wire_bytes(group_size, operand_bytes),
+        Collective::ReduceScatter | Collective::AllToAll => (p - 1) * operand_bytes / p,
+        Collective::AllGather => (p - 1) * operand_bytes,
+    }
 }
 
 #[cfg(test)]
@@ -520,6 +617,29 @@ mod tests {
         assert_eq!(q(Algorithm::Ring), 8);
         assert_eq!(q(Algorithm::TwoShot), 2);
         assert_eq!(q(Algorithm::TwoLevel { outer: 2, inner: 4 }), 5);
+    }
+
+    #[test]
+    fn every_collective_halves_the_bytes_of_its_bf16_form() {
+        for (collective, row) in [
+            (Collective::ReduceScatter, 1 << 17),
+            (Collective::AllGather, 1 << 17),
+            (Collective::AllToAll, 1 << 17),
+        ] {
+            let plan = Plan::rows(collective, 8, row, &config(Algorithm::Ring)).unwrap();
+            let operand = match collective {
+                Collective::AllGather => 2 * row as u64,
+                _ => 2 * 8 * row as u64,
+            };
+            let ratio =
+                baseline_wire_bytes(collective, 8, operand) as f64 / plan.wire_bytes() as f64;
+            assert!((1.93..=1.94).contains(&ratio), "{collective:?}: {ratio}");
+        }
+        // Rows are padded one by one: 100 elements become 2 blocks of 64.
+        let plan = Plan::rows(Collective::ReduceScatter, 4, 100, &config(Algorithm::Ring)).unwrap();
+        assert_eq!((plan.chunk, plan.padded()), (128, 512));
+        assert_eq!(plan.quantizations(), 3);
+        assert_eq!(plan.noise_weight(), 1.5);
     }
 
     #[test]

@@ -161,3 +161,60 @@ pub const PRODUCT_CREST_SQ: f64 = 20.5;
 pub fn chained_bound(chain: f64, p: usize) -> f64 {
     chain * equarx::numerics::error::ring_rel_rms(p, PRODUCT_CREST_SQ)
 }
+
+/// Writes every device's inputs (per parameter: type, dims) under `dir`;
+/// the job's `inputs` field.
+pub fn write_inputs(dir: &Path, params: &[(String, Vec<i64>)], values: &[Vec<Vec<f32>>]) -> Value {
+    let devices: Vec<Value> = values
+        .iter()
+        .enumerate()
+        .map(|(d, per_param)| {
+            let entries: Vec<Value> = per_param
+                .iter()
+                .enumerate()
+                .map(|(k, v)| {
+                    let (ty, dims) = &params[k];
+                    let path = dir.join(format!("dev{d}_in{k}.bin"));
+                    let bytes = if ty == "bf16" {
+                        bf16_bytes(v)
+                    } else {
+                        f32_bytes(v)
+                    };
+                    std::fs::write(&path, bytes).unwrap();
+                    serde_json::json!({"path": path, "dtype": ty, "shape": dims})
+                })
+                .collect();
+            Value::Array(entries)
+        })
+        .collect();
+    Value::Array(devices)
+}
+
+/// Outputs of a run: per device, per output, f32 values.
+pub fn outputs(result: &Value, dir: &Path, devices: usize) -> Vec<Vec<Vec<f32>>> {
+    assert_eq!(result["ok"], true, "run failed: {}", result["error"]);
+    let outs = result["outputs"].as_array().unwrap();
+    (0..devices)
+        .map(|d| {
+            outs.iter()
+                .enumerate()
+                .map(|(k, o)| {
+                    read_values(
+                        &dir.join(format!("dev{d}_out{k}.bin")),
+                        o["dtype"].as_str().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Relative RMS error of `got` against `want`.
+pub fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (f64::from(g) - w).powi(2);
+        den += w * w;
+    }
+    (num / den).sqrt()
+}

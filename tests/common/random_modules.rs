@@ -319,7 +319,9 @@ impl Case {
         // op is rewritten at all is decided here, without the pass.
         let mantissa = joining.iter().map(|o| o.ty.mantissa_bits()).min()?;
         let payload_of = Payload {
+            collective: equarx::plan::Collective::AllReduce,
             elements: elements as usize,
+            row: None,
             bytes: payload,
             mantissa_bits: mantissa,
         };

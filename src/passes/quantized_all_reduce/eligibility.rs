@@ -1,11 +1,14 @@
-//! Which all-reduces the pass may rewrite, and why the others stay.
+//! Which collectives the pass may rewrite, and why the others stay.
 //!
 //! Eligible: an `all-reduce` (or an `all-reduce-start` whose only user is
-//! its `all-reduce-done`) outside fusion computations, whose `to_apply` adds
-//! its two scalar parameters, with no control dependencies, static shapes,
-//! at least one operand of an enabled floating-point type, groups that
+//! its `all-reduce-done`), a `reduce-scatter`, an `all-gather` (or an
+//! `all-gather-start` / `-done` pair) or an `all-to-all` (array or tuple
+//! form), outside fusion computations, with no control dependencies,
+//! static shapes, floating-point operands of an enabled type (the
+//! all-reduce needs one; the others, each of theirs), groups that
 //! collective-permute can express (see [`super::groups`]), and a payload of
-//! at least the minimum size. The frontend attribute
+//! at least the minimum size. The reducing ones must add: `to_apply` adds
+//! its two scalar parameters. The frontend attribute
 //! [`FORCE_ATTRIBUTE`]` = "true"` waives the size threshold and the
 //! enabled-type list (for floating-point operands); `"false"` opts out.
 
@@ -13,19 +16,24 @@ use super::groups::{Participants, participants};
 use super::{Options, SkipReason};
 use crate::ir::DeviceCounts;
 use crate::ir::{CompId, Computation, InstrId, Module, shape};
+use crate::plan::Collective;
 use crate::proto::{HloInstructionProto, PrimitiveType, ShapeProto};
 
 /// Frontend attribute that forces the rewrite on (`"true"`) or off
 /// (`"false"`) for one all-reduce.
 pub const FORCE_ATTRIBUTE: &str = "equarx.quantize";
 
-/// An all-reduce the pass will rewrite.
+/// A collective the pass will rewrite.
 #[derive(Clone, Debug)]
 pub struct Candidate {
+    pub collective: Collective,
+    /// The scatter, gather or split dimension (all-reduce and tuple
+    /// all-to-all: none).
+    pub dimension: Option<i64>,
     pub comp: CompId,
-    /// The `all-reduce`, or the `all-reduce-start` of an async pair.
+    /// The collective, or the `-start` of an async pair.
     pub instr: InstrId,
-    /// The `all-reduce-done` of an async pair.
+    /// The `-done` of an async pair.
     pub done: Option<InstrId>,
     /// Per operand: its id, its shape, and whether it joins the pipeline.
     pub operands: Vec<(InstrId, ShapeProto, bool)>,
@@ -35,7 +43,18 @@ pub struct Candidate {
     pub forced: bool,
 }
 
-/// Decides whether `instr` (an all-reduce in `comp`) is rewritten.
+/// The opcodes [`examine`] looks at (the `-done` halves come with their
+/// starts).
+pub const OPCODES: &[&str] = &[
+    "all-reduce",
+    "all-reduce-start",
+    "reduce-scatter",
+    "all-gather",
+    "all-gather-start",
+    "all-to-all",
+];
+
+/// Decides whether `instr` (a collective in `comp`) is rewritten.
 pub fn examine(
     module: &Module,
     comp: &Computation,
@@ -61,9 +80,19 @@ pub fn examine(
     if comp.is_fusion() {
         return Err(SkipReason::InFusion);
     }
-    let done = match instr.opcode.as_str() {
-        "all-reduce" => None,
-        "all-reduce-start" => Some(single_done(comp, instr)?),
+    let (collective, done) = match instr.opcode.as_str() {
+        "all-reduce" => (Collective::AllReduce, None),
+        "all-reduce-start" => (
+            Collective::AllReduce,
+            Some(single_done(comp, instr, "all-reduce-done")?),
+        ),
+        "reduce-scatter" => (Collective::ReduceScatter, None),
+        "all-gather" => (Collective::AllGather, None),
+        "all-gather-start" => (
+            Collective::AllGather,
+            Some(single_done(comp, instr, "all-gather-done")?),
+        ),
+        "all-to-all" => (Collective::AllToAll, None),
         _ => return Err(SkipReason::NotAllReduce),
     };
     let has_control = !instr.control_predecessor_ids.is_empty()
@@ -74,7 +103,12 @@ pub fn examine(
     if has_control {
         return Err(SkipReason::ControlDependencies);
     }
-    check_sum(module, instr)?;
+    if matches!(
+        collective,
+        Collective::AllReduce | Collective::ReduceScatter
+    ) {
+        check_sum(module, instr)?;
+    }
 
     let mut operands = Vec::new();
     let mut first_refusal = None;
@@ -92,7 +126,15 @@ pub fn examine(
     if !operands.iter().any(|o| o.2) {
         return Err(first_refusal.unwrap_or(SkipReason::NotAllReduce));
     }
+    // Only the all-reduce packs some operands and leaves others: the other
+    // collectives move all of theirs, or none.
+    if collective != Collective::AllReduce {
+        if let Some(reason) = first_refusal {
+            return Err(reason);
+        }
+    }
     let participants = participants(instr, counts)?;
+    let dimension = shape_rules(collective, instr, &operands, participants.group_size())?;
     let payload_bytes: u64 = operands
         .iter()
         .filter(|o| o.2)
@@ -108,6 +150,8 @@ pub fn examine(
         });
     }
     Ok(Candidate {
+        collective,
+        dimension,
         comp: comp.id(),
         instr: InstrId(instr.id),
         done,
@@ -143,15 +187,63 @@ fn operand_ok(s: &ShapeProto, options: &Options, forced: bool) -> Result<(), Ski
     Ok(())
 }
 
-/// The all-reduce-done that is the only user of an all-reduce-start.
-fn single_done(comp: &Computation, start: &HloInstructionProto) -> Result<InstrId, SkipReason> {
+/// The shapes each collective's rewrite handles: one operand (or, for an
+/// all-to-all, one per rank of the same shape), a dimension in range, and
+/// for the splitting ones a dimension the group divides. Returns the
+/// dimension.
+fn shape_rules(
+    collective: Collective,
+    instr: &HloInstructionProto,
+    operands: &[(InstrId, ShapeProto, bool)],
+    p: usize,
+) -> Result<Option<i64>, SkipReason> {
+    let unsupported = |why: String| Err(SkipReason::Unsupported(why));
+    if collective == Collective::AllReduce {
+        return Ok(None);
+    }
+    let op = collective.opcode();
+    if collective == Collective::AllToAll && instr.dimensions.is_empty() {
+        let first = &operands[0].1;
+        if operands.len() != p || operands.iter().any(|o| !shape::compatible(&o.1, first)) {
+            return unsupported(format!(
+                "a tuple all-to-all needs one operand per rank ({p}), all of one shape"
+            ));
+        }
+        return Ok(None);
+    }
+    if operands.len() != 1 {
+        return unsupported(format!("{op} of {} operands (a tuple)", operands.len()));
+    }
+    let dims = &operands[0].1.dimensions;
+    let Some(&d) = instr.dimensions.first() else {
+        return unsupported(format!("{op} without a dimension"));
+    };
+    if d < 0 || d as usize >= dims.len() {
+        return unsupported(format!("{op} dimension {d} out of range"));
+    }
+    let splits = matches!(collective, Collective::ReduceScatter | Collective::AllToAll);
+    if splits && dims[d as usize] % p as i64 != 0 {
+        return unsupported(format!(
+            "{op} dimension {d} of size {} is not a multiple of the group size {p}",
+            dims[d as usize]
+        ));
+    }
+    Ok(Some(d))
+}
+
+/// The `-done` that is the only user of an async `-start`.
+fn single_done(
+    comp: &Computation,
+    start: &HloInstructionProto,
+    done_opcode: &str,
+) -> Result<InstrId, SkipReason> {
     let users: Vec<&HloInstructionProto> = comp
         .instructions()
         .iter()
         .filter(|i| i.operand_ids.contains(&start.id))
         .collect();
     match users.as_slice() {
-        [done] if done.opcode == "all-reduce-done" && comp.root_id().0 != start.id => {
+        [done] if done.opcode == done_opcode && comp.root_id().0 != start.id => {
             Ok(InstrId(done.id))
         }
         _ => Err(SkipReason::AsyncShape),

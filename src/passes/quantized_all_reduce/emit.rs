@@ -20,7 +20,7 @@ use crate::ir::builder::{Builder, Value};
 use crate::ir::shape;
 use crate::ir::{CompId, InstrId};
 use crate::numerics::{INV_QMAX, QMAX, hadamard_norm, hadamard_sign, scale_mantissa_bits};
-use crate::plan::{Axis, Form, GatherForm, Lane, Phase, Plan, Rotation, ScaleType};
+use crate::plan::{Axis, Collective, Form, GatherForm, Lane, Phase, Plan, Rotation, ScaleType};
 use crate::proto::precision_config::Precision;
 use crate::proto::{PrimitiveType, ShapeProto};
 
@@ -43,6 +43,9 @@ pub struct EmitInputs<'a> {
     /// decompose what it emits any more, so collectives take the forms its
     /// runtime runs directly.
     pub late: bool,
+    /// The collective's scatter, gather or split dimension (an array
+    /// all-to-all's; none for the all-reduce and a tuple all-to-all).
+    pub dimension: Option<i64>,
 }
 
 /// What [`emit`] made.
@@ -59,19 +62,23 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
     let mut computations = Vec::new();
     let mut e = Emitter::new(b, inputs, &mut computations);
 
-    // 1. Flatten every operand, concatenate, zero-pad to P·c, rotate each
-    //    block when the plan rotates, and view the payload as
-    //    [axis sizes.., c] (outer axes first: rank r = Σ coordinate·stride).
+    // 1. The payload: every operand flattened (or cut into its P rows),
+    //    zero-padded to P·c (each row to c), every block rotated when the
+    //    plan rotates, seen as [axis sizes.., c] (outer axes first: rank
+    //    r = Σ coordinate·stride).
     let mut axes: Vec<Axis> = plan.phases.iter().filter_map(Phase::axis).collect();
     axes.sort_by_key(|a| std::cmp::Reverse(a.stride));
-    let mut held = e.payload(&axes);
+    let mut held = match plan.row {
+        None => e.payload(&axes),
+        Some(_) => e.rows(&axes),
+    };
 
     // 2. This device's rank r in its group, from its id through the table.
     let rank = e.rank();
 
     // 3. The reduce phases, each leaving the device with its slice of what
     //    it held, summed over the phase's axis; the gather makes every
-    //    chunk everybody's.
+    //    chunk everybody's, the scatter every row its rank's.
     let mut values = None;
     for phase in &plan.phases {
         match *phase {
@@ -84,31 +91,17 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
                 axes.retain(|a| *a != axis);
             }
             Phase::Gather => values = Some(e.gather(&held, &rank)),
+            Phase::Scatter => values = Some(e.scatter(&held)),
         }
     }
-    let whole = values.unwrap_or(held);
 
-    // 4. Drop the padding and give each operand its sum back in its own
+    // 4. Drop the padding and give each operand its result back in its own
     //    shape, type and layout.
-    let padded = plan.padded() as i64;
-    let mut offset = 0i64;
-    let mut out = Vec::new();
-    for (x, result) in inputs.operands.iter().zip(inputs.results) {
-        let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
-        let part = if n == padded {
-            whole.clone()
-        } else {
-            e.b.slice(&whole, &[offset], &[offset + n])
-        };
-        offset += n;
-        let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
-        out.push(if ty == PrimitiveType::F32 {
-            e.b.reshape_to(&part, result)
-        } else {
-            let part = e.b.reshape(&part, &result.dimensions);
-            e.b.convert_to(&part, result)
-        });
-    }
+    let out = match plan.collective {
+        Collective::AllReduce => e.unpack_sum(&values.unwrap_or(held)),
+        Collective::ReduceScatter => e.unpack_owned(&held),
+        Collective::AllGather | Collective::AllToAll => e.unpack_rows(&values.unwrap_or(held)),
+    };
     Emitted {
         values: out,
         computations,
@@ -617,12 +610,25 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
         let plan = self.plan();
         debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
+        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let received = self.send_rows(held);
+        let values = self.dequantize(&received);
+        let values = self.b.reshape(&values, &[p, c]);
+        let zero = self.f32c(0.0);
+        self.b.reduce(&values, &zero, &[0], self.inputs.add_f32)
+    }
+
+    /// Every row of `held` (`[P, c]`) quantized once, row k sent to rank k;
+    /// returns what arrives, row k from rank k: s8 `[P·blocks, B + width]`.
+    fn send_rows(&mut self, held: &Value) -> Value {
+        let plan = self.plan();
         let (p, c, bl) = (
             plan.group_size as i64,
             plan.chunk as i64,
             plan.block() as i64,
         );
         let nb = c / bl;
+
         let blocks = self.b.reshape(held, &[p * nb, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
@@ -651,11 +657,166 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         } else {
             self.b.all_to_all(&message, 0, &groups, channel)
         };
-        let received = self.b.reshape(&received, &[p * nb, width]);
-        let values = self.dequantize(&received);
-        let values = self.b.reshape(&values, &[p, c]);
-        let zero = self.f32c(0.0);
-        self.b.reduce(&values, &zero, &[0], self.inputs.add_f32)
+        self.b.reshape(&received, &[p * nb, width])
+    }
+
+    /// The all-to-all of the rows of `held` (`[P, c]`), dequantized (and
+    /// rotated back): f32 `[P·c]`, row k from rank k.
+    fn scatter(&mut self, held: &Value) -> Value {
+        let plan = self.plan();
+        let n = (plan.group_size * plan.chunk) as i64;
+        let received = self.send_rows(held);
+        let values = match plan.config.rotation {
+            Rotation::Hadamard => self.dequantize_rotated(&received),
+            Rotation::None => self.dequantize(&received),
+        };
+        self.b.reshape(&values, &[n])
+    }
+
+    // ---- collectives of rows
+
+    /// The operand's geometry around the collective's dimension d:
+    /// (elements before d, size of d, elements after d).
+    fn around(&self, x: &Value) -> (i64, i64, i64) {
+        let dims = x.dims();
+        let d = self.inputs.dimension.unwrap_or(0) as usize;
+        let before: i64 = dims[..d].iter().product();
+        let after: i64 = dims[d + 1..].iter().product();
+        (before, dims[d], after)
+    }
+
+    /// The payload of a collective of rows, `[P, c]` (all-gather: `[c]`,
+    /// its one row): a reduce-scatter's or an array all-to-all's operand
+    /// cut along d into P rows (a transpose brings d to the front when
+    /// dimensions come before it), a tuple all-to-all's operands stacked,
+    /// each row padded to c, rotated when the plan rotates.
+    fn rows(&mut self, axes: &[Axis]) -> Value {
+        let plan = self.plan();
+        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let m = plan.row.unwrap_or(plan.chunk) as i64;
+        let operands = self.inputs.operands;
+        let x = &operands[0];
+        let rotated = plan.config.rotation == Rotation::Hadamard;
+        let (rows, stacked) = match (plan.collective, self.inputs.dimension) {
+            (Collective::AllGather, _) => (1, self.b.reshape(x, &[1, m])),
+            (_, None) => {
+                let flat: Vec<Value> = operands
+                    .iter()
+                    .map(|o| self.b.reshape(o, &[1, m]))
+                    .collect();
+                (p, self.b.concatenate(&flat, 0))
+            }
+            (_, Some(_)) => {
+                let (before, size, after) = self.around(x);
+                let cut = if before == 1 {
+                    x.clone()
+                } else {
+                    let v = self.b.reshape(x, &[before, p, size / p, after]);
+                    self.b.transpose(&v, &[1, 0, 2, 3])
+                };
+                (p, self.b.reshape(&cut, &[p, m]))
+            }
+        };
+        let mut payload = if rotated { self.f32(&stacked) } else { stacked };
+        if c > m {
+            let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
+            let zero = self.b.zero(ty);
+            payload = self.b.pad(&payload, &zero, &[(0, 0), (0, c - m)]);
+        }
+        if rotated {
+            let flat = self.b.reshape(&payload, &[rows * c]);
+            payload = self.rotate(&flat, operands_are_bf16(operands));
+        }
+        if plan.collective != Collective::ReduceScatter {
+            let dims: &[i64] = if rows == 1 { &[c] } else { &[rows, c] };
+            return self.b.reshape(&payload, dims);
+        }
+        let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
+        dims.push(c);
+        self.b.reshape(&payload, &dims)
+    }
+
+    /// The all-reduce's sum (f32 `[P·c]`) → each operand's part, in its
+    /// shape, type and layout.
+    fn unpack_sum(&mut self, whole: &Value) -> Vec<Value> {
+        let padded = self.plan().padded() as i64;
+        let mut offset = 0i64;
+        let mut out = Vec::new();
+        for (x, result) in self.inputs.operands.iter().zip(self.inputs.results) {
+            let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+            let part = if n == padded {
+                whole.clone()
+            } else {
+                self.b.slice(whole, &[offset], &[offset + n])
+            };
+            offset += n;
+            out.push(self.as_result(&part, result));
+        }
+        out
+    }
+
+    /// A reduce-scatter's owned sum (f32 `[c]`, unquantized; rotated back
+    /// when the plan rotates) → the result.
+    fn unpack_owned(&mut self, owned: &Value) -> Vec<Value> {
+        let plan = self.plan();
+        let (c, m) = (plan.chunk as i64, plan.row.unwrap_or(plan.chunk) as i64);
+        let mut sum = self.b.reshape(owned, &[c]);
+        if plan.config.rotation == Rotation::Hadamard {
+            sum = self.rotate(&sum, false);
+        }
+        if c > m {
+            sum = self.b.slice(&sum, &[0], &[m]);
+        }
+        let result = &self.inputs.results[0];
+        vec![self.as_result(&sum, result)]
+    }
+
+    /// An all-gather's or all-to-all's rows (f32 `[P·c]`, row k from rank
+    /// k) → the result: rows laid side by side along d (an array form),
+    /// or one row per tuple element.
+    fn unpack_rows(&mut self, values: &Value) -> Vec<Value> {
+        let plan = self.plan();
+        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let m = plan.row.unwrap_or(plan.chunk) as i64;
+        let mut rows = self.b.reshape(values, &[p, c]);
+        if c > m {
+            rows = self.b.slice(&rows, &[0, 0], &[p, m]);
+        }
+        let results = self.inputs.results;
+        if self.inputs.dimension.is_none() && plan.collective == Collective::AllToAll {
+            return (0..p)
+                .zip(results)
+                .map(|(k, result)| {
+                    let row = self.b.slice(&rows, &[k, 0], &[k + 1, m]);
+                    self.as_result(&row, result)
+                })
+                .collect();
+        }
+        // Row k holds rank k's piece, [before, size/P, after] (an
+        // all-gather's whole operand): side by side along d.
+        let (before, size, after) = self.around(&self.inputs.operands[0]);
+        let piece = match plan.collective {
+            Collective::AllGather => size,
+            _ => size / p,
+        };
+        let placed = if before == 1 {
+            rows
+        } else {
+            let v = self.b.reshape(&rows, &[p, before, piece, after]);
+            self.b.transpose(&v, &[1, 0, 2, 3])
+        };
+        vec![self.as_result(&placed, &results[0])]
+    }
+
+    /// f32 values → `result` (its dimensions, type and layout).
+    fn as_result(&mut self, v: &Value, result: &ShapeProto) -> Value {
+        let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
+        if ty == PrimitiveType::F32 {
+            self.b.reshape_to(v, result)
+        } else {
+            let v = self.b.reshape(v, &result.dimensions);
+            self.b.convert_to(&v, result)
+        }
     }
 
     /// The owned chunk (f32 `[c]`) quantized once; every rank, the owner

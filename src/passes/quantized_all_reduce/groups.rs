@@ -155,11 +155,9 @@ pub fn participants(
                 )),
             });
         }
-        GroupMode::CrossPartition => {
-            return Err(SkipReason::ModeNotExpressible(
-                "cross-partition mode is not an all-reduce mode".into(),
-            ));
-        }
+        // An all-to-all with a channel id: partition ids, within every
+        // replica, as collective-permute and all-to-all name them.
+        GroupMode::CrossPartition => (IdSpace::Partition, given_or_all(p, "partition")?, p),
     };
     let size = list.first().map_or(0, Vec::len);
     if list.iter().any(|g| g.len() != size) {

@@ -52,7 +52,7 @@ use crate::ir::{CompId, Edits, InstrId, Module, shape};
 pub use crate::numerics::ScaleType;
 use crate::numerics::error::predicted_rel_rms;
 use crate::numerics::simulate::balanced_grid;
-use crate::plan::{Algorithm, Config, Plan, PlanError, ring_wire_bytes};
+use crate::plan::{Algorithm, Collective, Config, Plan, PlanError, baseline_wire_bytes};
 pub use crate::plan::{Form, GatherForm, Rotation};
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
@@ -253,8 +253,10 @@ impl Options {
 /// Why an all-reduce was left as it is.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SkipReason {
-    #[error("not an all-reduce")]
+    #[error("not a collective equarx rewrites")]
     NotAllReduce,
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("reduction is not a sum: {0}")]
     NotSum(String),
     #[error(
@@ -268,7 +270,7 @@ pub enum SkipReason {
     InFusion,
     #[error("has control dependencies")]
     ControlDependencies,
-    #[error("all-reduce-start without a single all-reduce-done user")]
+    #[error("a -start without a single -done user")]
     AsyncShape,
     #[error("dynamic shapes")]
     DynamicShape,
@@ -439,7 +441,7 @@ impl Pass for QuantizedAllReduce {
             let all_reduces: Vec<HloInstructionProto> = comp
                 .instructions()
                 .iter()
-                .filter(|i| i.opcode == "all-reduce" || i.opcode == "all-reduce-start")
+                .filter(|i| eligibility::OPCODES.contains(&i.opcode.as_str()))
                 .cloned()
                 .collect();
             for instr in all_reduces {
@@ -609,18 +611,31 @@ pub fn choose(c: &Candidate, options: &Options) -> Result<Choice, SkipReason> {
         .map(|o| mantissa_bits(o.1.element_type))
         .min()
         .unwrap_or(23);
+    let p = c.participants.group_size();
+    // Rows: a reduce-scatter's or all-to-all's operand is P of them, an
+    // all-gather's operand one.
+    let row = match c.collective {
+        Collective::AllReduce => None,
+        Collective::AllGather => Some(elements),
+        Collective::ReduceScatter | Collective::AllToAll => Some(elements / p.max(1)),
+    };
     let payload = Payload {
+        collective: c.collective,
         elements,
+        row,
         bytes: c.payload_bytes,
         mantissa_bits: mantissa,
     };
-    choose_plan(c.participants.group_size(), &payload, c.forced, options)
+    choose_plan(p, &payload, c.forced, options)
 }
 
-/// What is being all-reduced, as far as the choice cares.
+/// What a collective moves, as far as the choice cares.
 #[derive(Clone, Copy, Debug)]
 pub struct Payload {
+    pub collective: Collective,
     pub elements: usize,
+    /// Elements per row, for the collectives of rows ([`Plan::rows`]).
+    pub row: Option<usize>,
     /// Bytes in the operands' own types.
     pub bytes: u64,
     /// Explicit mantissa bits of the narrowest operand type (bf16: 7).
@@ -640,8 +655,25 @@ pub fn choose_plan(
     // (plan, µs, predicted error %)
     let mut scored: Vec<(Plan, crate::cost::Prediction, f64)> = Vec::new();
     let mut first_error = None;
-    for config in configurations(p, options) {
-        match Plan::new(p, elements, &config) {
+    let mut configs = configurations(p, options);
+    // The gather and the exchange of rows have no reduce algorithm to pick.
+    if matches!(
+        payload.collective,
+        Collective::AllGather | Collective::AllToAll
+    ) {
+        if let Some(first) = configs.first().map(|c| c.algorithm) {
+            configs.retain(|c| c.algorithm == first);
+        }
+        configs
+            .iter_mut()
+            .for_each(|c| c.algorithm = Algorithm::Ring);
+    }
+    for config in configs {
+        let planned = match payload.row {
+            None => Plan::new(p, elements, &config),
+            Some(row) => Plan::rows(payload.collective, p, row, &config),
+        };
+        match planned {
             Ok(plan) => {
                 let time = predict(&options.topology, &plan, payload.bytes, elem_bytes);
                 let err = 100.0 * predicted_rel_rms(&plan, mantissa);
@@ -720,7 +752,7 @@ pub fn choose_plan(
                 .then(a.1.equarx_us.total_cmp(&b.1.equarx_us))
         })
         .ok_or(SkipReason::Plan(PlanError::GroupOfOne))?;
-    let before = ring_wire_bytes(p, payload.bytes);
+    let before = baseline_wire_bytes(payload.collective, p, payload.bytes);
     if plan.wire_bytes() >= before && !forced {
         return Err(SkipReason::NoGain {
             before,
@@ -753,7 +785,9 @@ pub fn model_bf16(
         ..options.clone()
     };
     let payload = Payload {
+        collective: Collective::AllReduce,
         elements: (bytes / 2) as usize,
+        row: None,
         bytes,
         mantissa_bits: 7,
     };
@@ -860,7 +894,7 @@ fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &Plan, emitted: &Re
     entry.group_size = Some(p);
     entry.groups = Some(c.participants.groups.len());
     entry.payload_bytes = c.payload_bytes;
-    entry.wire_bytes_before = Some(ring_wire_bytes(p, c.payload_bytes));
+    entry.wire_bytes_before = Some(baseline_wire_bytes(c.collective, p, c.payload_bytes));
     entry.wire_bytes_after = Some(plan.wire_bytes());
     let mantissa = c
         .operands
@@ -878,7 +912,7 @@ fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &Plan, emitted: &Re
     }
     entry.plan = Some(PlanSummary {
         config: plan.config.clone(),
-        algorithm: plan.config.algorithm.to_string(),
+        algorithm: plan.algorithm_name(),
         rotation: plan.config.rotation,
         form: plan.config.form,
         block_size: plan.block(),
@@ -1010,6 +1044,7 @@ fn rewrite(
             add_f32: reducers.add_f32,
             async_permutes: c.done.is_some(),
             late,
+            dimension: c.dimension,
         },
     );
     let sums = emitted.values;
