@@ -366,7 +366,8 @@ fn cases() -> Vec<Case> {
     c.async_pair = true;
     v.push(c);
     // The reduce-scatter's algorithms and forms, and rotation for each op.
-    let variants: [(&str, fn(&mut Options)); 6] = [
+    type Edit = fn(&mut Options);
+    let variants: [(&str, Edit); 6] = [
         ("ring", |o| {
             (o.algorithm, o.rotation) = (AlgorithmOption::Ring, RotationOption::None)
         }),
