@@ -408,7 +408,7 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
         match rewrite_file(a, file, &output.join(&name), options, None) {
             Ok(r) => {
                 let done = r.report.iter().filter(|o| o.rewritten).count();
-                println!("{name}: {done} of {} all-reduces rewritten", r.report.len());
+                println!("{name}: {done} of {} collectives rewritten", r.report.len());
                 if a.report {
                     print!("{}", report_table(&r.report));
                 }
@@ -463,40 +463,64 @@ fn encode(
 
 fn report_table(report: &[OpReport]) -> String {
     let mut out = format!(
-        "{:<28} {:<22} {:>4} {:<14} {:<9} {:>12} {:>12} {:>6} {:>8}  reason\n",
-        "all-reduce",
+        "{:<28} {:<15} {:<22} {:>4} {:<14} {:<22} {:<9} {:>12} {:>12} {:>6} {:>8} {:>8}  reason\n",
+        "collective",
+        "op",
         "shape",
         "P",
         "mode",
+        "plan",
         "decision",
         "wire before",
         "wire after",
         "ratio",
-        "rel.err"
+        "rel.err",
+        "model"
     );
     for r in report {
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         out.push_str(&format!(
-            "{:<28} {:<22} {:>4} {:<14} {:<9} {:>12} {:>12} {:>6} {:>8}  {}\n",
+            "{:<28} {:<15} {:<22} {:>4} {:<14} {:<22} {:<9} {:>12} {:>12} {:>6} {:>8} {:>8}  {}\n",
             r.name,
+            r.opcode,
             r.shape,
             r.group_size.map_or("-".into(), |p| p.to_string()),
             r.mode,
+            r.plan.as_ref().map_or("-".into(), plan_cell),
             if r.rewritten { "rewritten" } else { "skipped" },
             opt(r.wire_bytes_before),
             opt(r.wire_bytes_after),
             r.wire_ratio().map_or("-".into(), |x| format!("{x:.3}")),
             r.predicted_rel_rms
                 .map_or("-".into(), |e| format!("{:.2}%", e * 100.0)),
+            r.predicted_time
+                .as_ref()
+                .map_or("-".into(), |t| format!("{:.2}x", t.speedup)),
             r.reason.as_deref().unwrap_or(""),
         ));
     }
     let rewritten = report.iter().filter(|r| r.rewritten).count();
     out.push_str(&format!(
-        "{rewritten} of {} all-reduces rewritten\n",
+        "{rewritten} of {} collectives rewritten (model: the time model's speedup on --topology, a \
+         model, not a measurement)\n",
         report.len()
     ));
     out
+}
+
+/// `ring+hadamard/loop`: a plan's algorithm, rotation and form (when it
+/// repeats steps).
+fn plan_cell(p: &equarx::passes::quantized_all_reduce::PlanSummary) -> String {
+    let rotation = match p.rotation {
+        Rotation::Hadamard => "+hadamard",
+        Rotation::None => "",
+    };
+    let form = match p.form {
+        Some(equarx::plan::Form::Loop) => "/loop",
+        Some(equarx::plan::Form::Unrolled) => "/unrolled",
+        None => "",
+    };
+    format!("{}{rotation}{form}", p.algorithm)
 }
 
 fn print(a: PrintArgs) -> Result<()> {
@@ -636,18 +660,29 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
         options.pass.topology.name, options.pass.topology.source
     );
     println!(
-        "{:<28} {:<22} {:>3} {:>10} {:>10} {:>10} {:>8} {:>8}  decision",
-        "all-reduce", "shape", "P", "bytes", "bf16 us", "equarx us", "speedup", "rel.err"
+        "{:<28} {:<15} {:<22} {:>3} {:>10} {:<22} {:>10} {:>10} {:>8} {:>8}  decision",
+        "collective",
+        "op",
+        "shape",
+        "P",
+        "bytes",
+        "plan",
+        "bf16 us",
+        "equarx us",
+        "speedup",
+        "rel.err"
     );
     for op in &r.report {
         let t = op.predicted_time.as_ref();
         let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
         println!(
-            "{:<28} {:<22} {:>3} {:>10} {:>10} {:>10} {:>8} {:>8}  {}",
+            "{:<28} {:<15} {:<22} {:>3} {:>10} {:<22} {:>10} {:>10} {:>8} {:>8}  {}",
             op.name,
+            op.opcode,
             op.shape,
             op.group_size.map_or("-".into(), |p| p.to_string()),
             op.payload_bytes,
+            op.plan.as_ref().map_or("-".into(), plan_cell),
             us(t.map(|t| t.bf16_us)),
             us(t.map(|t| t.equarx_us)),
             t.map_or("-".into(), |t| format!("{:.2}x", t.speedup)),

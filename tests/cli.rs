@@ -69,7 +69,7 @@ fn rewrite_reports_every_all_reduce_in_a_table_and_as_json() {
         "--report-json",
         json.to_str().unwrap(),
     ]);
-    assert!(table.contains("2 of 2 all-reduces rewritten"), "{table}");
+    assert!(table.contains("2 of 2 collectives rewritten"), "{table}");
     let report: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report.len(), 2);
     for r in &report {
@@ -229,7 +229,7 @@ fn a_dump_directory_is_rewritten_module_by_module() {
     // replica: both forms of the module are rewritten.
     assert!(
         spmd.iter()
-            .all(|l| l.ends_with("2 of 2 all-reduces rewritten")),
+            .all(|l| l.ends_with("2 of 2 collectives rewritten")),
         "{stdout}"
     );
     assert!(stdout.contains("6 modules written"), "{stdout}");

@@ -275,6 +275,14 @@ fn cases() -> Vec<Case> {
             "changed",
             "min_payload_bytes=0;types=bf16,f32;algorithm=two-level;gather=permute",
         ),
+        // Sequence parallelism: an all-gather and a reduce-scatter, no
+        // all-reduce.
+        case("sp_mlp/sp_mlp.pb", "changed", "min_payload_bytes=0"),
+        case(
+            "sp_mlp/sp_mlp.pb",
+            "changed",
+            "min_payload_bytes=0;algorithm=ring;rotation=none",
+        ),
         // Negative twins: an f32 all-reduce with only bf16 enabled, a payload
         // the cost model does not find worth it, and options the pass refuses.
         case(

@@ -136,4 +136,17 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         "the psum in the scan body is rewritten: {huge}"
     );
     assert!(out.status.success(), "{}\n{tail}", out.status);
+
+    // Sequence parallelism: both collectives quantized through the door,
+    // within the 2.5 % of the unquantized run.
+    let sp = &r["sequence_parallel"];
+    assert_eq!(
+        sp["rewritten"],
+        serde_json::json!(["all-gather", "reduce-scatter"]),
+        "{sp}"
+    );
+    assert!(sp["s8_collectives"].as_u64() >= Some(2), "{sp}");
+    assert_eq!(sp["finite"], true, "{sp}");
+    let err = sp["rel_rms"].as_f64().expect("rel_rms");
+    assert!(err > 0.0 && err < 0.025, "sequence-parallel MLP error {err}");
 }

@@ -8,11 +8,12 @@
 mod common;
 
 use common::modules::{
-    all_reduces, iota, list, load, make_async, opts, resized, retyped, with_attribute, with_counts,
-    with_reducer,
+    CollectiveSpec, all_reduces, iota, list, load, make_async, opts, resized, retyped,
+    with_attribute, with_counts, with_reducer,
 };
 use common::{run_xla, scratch};
 use equarx::io::DeviceCounts;
+use equarx::plan::Collective;
 use equarx::proto::{HloModuleProto, PrimitiveType};
 use equarx::text::{PrintOptions, print_module_with};
 use equarx::{AlgorithmOption, FuseMode, GatherForm, RewriteOptions, RotationOption, ScaleType};
@@ -43,6 +44,19 @@ fn case(name: &'static str, module: HloModuleProto, options: RewriteOptions) -> 
 
 fn p8() -> HloModuleProto {
     load("psum_bf16_p8.pb")
+}
+
+/// One reduce-scatter, all-gather or all-to-all over the 8 partitions.
+fn collective(collective: Collective, dims: &[i64], dim: Option<i64>) -> HloModuleProto {
+    common::modules::collective_module(&CollectiveSpec {
+        name: collective.opcode(),
+        collective,
+        dims,
+        dim,
+        groups: &[(0..8).collect()],
+        replicas: false,
+        async_pair: false,
+    })
 }
 
 fn positives() -> Vec<Case> {
@@ -131,6 +145,28 @@ fn positives() -> Vec<Case> {
             p8(),
             opts(|o| o.rotation = RotationOption::Hadamard),
         ),
+        // The other collectives: reduce-scatter by the ring, all-gather,
+        // all-to-all (array, along an inner dimension, and tuple).
+        case(
+            "reduce_scatter",
+            collective(Collective::ReduceScatter, &[64, 128], Some(0)),
+            opts(|_| {}),
+        ),
+        case(
+            "all_gather",
+            collective(Collective::AllGather, &[8, 128], Some(0)),
+            opts(|_| {}),
+        ),
+        case(
+            "all_to_all_dim1",
+            collective(Collective::AllToAll, &[8, 1024], Some(1)),
+            opts(|_| {}),
+        ),
+        case(
+            "all_to_all_tuple",
+            collective(Collective::AllToAll, &[8, 64], None),
+            opts(|_| {}),
+        ),
         // The time model's choice for a small psum on v5e.
         case(
             "defaults",
@@ -204,6 +240,37 @@ fn negatives() -> Vec<(Case, &'static str)> {
         (
             case("f32_not_enabled", load("psum_f32_p8.pb"), opts(|_| {})),
             "f32 is not enabled",
+        ),
+        (
+            case(
+                "reduce_scatter_by_max",
+                with_reducer(
+                    collective(Collective::ReduceScatter, &[64, 128], Some(0)),
+                    "maximum",
+                ),
+                opts(|_| {}),
+            ),
+            "not a sum",
+        ),
+        (
+            case(
+                "all_gather_of_s32",
+                retyped(
+                    collective(Collective::AllGather, &[8, 128], Some(0)),
+                    PrimitiveType::Bf16 as i32,
+                    PrimitiveType::S32 as i32,
+                ),
+                opts(|_| {}),
+            ),
+            "not floating point",
+        ),
+        (
+            case(
+                "all_to_all_below_threshold",
+                collective(Collective::AllToAll, &[64, 128], Some(0)),
+                opts(|o| o.min_payload_bytes = Some(1 << 20)),
+            ),
+            "below the minimum",
         ),
         (
             case(

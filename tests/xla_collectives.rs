@@ -43,36 +43,25 @@ impl Groups {
         }
     }
 
-    /// The collective's attributes in HLO text.
-    fn attributes(self, op: &str) -> String {
-        let lists: Vec<String> = self
-            .lists()
-            .iter()
-            .map(|g| {
-                let ids: Vec<String> = g.iter().map(usize::to_string).collect();
-                format!("{{{}}}", ids.join(","))
-            })
-            .collect();
-        let groups = format!("replica_groups={{{}}}", lists.join(","));
-        // all-to-all has no use_global_device_ids: with a channel id it is
-        // cross-partition.
-        let global = if op == "all-to-all" {
-            ""
-        } else {
-            ", use_global_device_ids=true"
-        };
-        match self {
-            Groups::Replicas => groups,
-            _ => format!("channel_id=1, {groups}{global}"),
-        }
-    }
-
     fn counts(self) -> (usize, usize) {
         match self {
             Groups::Replicas => (8, 1),
             _ => (1, 8),
         }
     }
+}
+
+/// The case's module.
+fn module(c: &Case) -> HloModuleProto {
+    common::modules::collective_module(&common::modules::CollectiveSpec {
+        name: &c.name,
+        collective: c.collective,
+        dims: &c.dims,
+        dim: c.dim,
+        groups: &c.groups.lists(),
+        replicas: matches!(c.groups, Groups::Replicas),
+        async_pair: c.async_pair,
+    })
 }
 
 /// What one case runs: `op` of a bf16 operand of `dims` along `dim`.
@@ -88,79 +77,6 @@ struct Case {
     options: RewriteOptions,
     /// Written as an async pair (all-gather-start / -done).
     async_pair: bool,
-}
-
-fn dims_text(d: &[i64]) -> String {
-    let s: Vec<String> = d.iter().map(i64::to_string).collect();
-    s.join(",")
-}
-
-/// The result dims of the collective for a group of `p`.
-fn result_dims(c: &Case, p: i64) -> Vec<i64> {
-    let mut r = c.dims.clone();
-    if let Some(d) = c.dim {
-        let d = d as usize;
-        match c.collective {
-            Collective::ReduceScatter => r[d] /= p,
-            Collective::AllGather => r[d] *= p,
-            _ => {}
-        }
-    }
-    r
-}
-
-/// The case's module as HLO text (parsed by equarx's parser, which XLA's
-/// own parser agrees with: tests/text.rs).
-fn module_text(c: &Case) -> String {
-    let p = c.groups.lists()[0].len() as i64;
-    let x = format!("bf16[{}]", dims_text(&c.dims));
-    let y = format!("bf16[{}]", dims_text(&result_dims(c, p)));
-    let (replicas, partitions) = c.groups.counts();
-    let op = c.collective.opcode();
-    let attrs = c.groups.attributes(op);
-    let add = "%add (a: bf16[], b: bf16[]) -> bf16[] {\n  %a = bf16[] parameter(0)\n  %b = bf16[] parameter(1)\n  ROOT %s = bf16[] add(%a, %b)\n}\n\n";
-    let body = match (c.collective, c.dim) {
-        (Collective::AllToAll, None) => {
-            let n = c.groups.lists()[0].len();
-            let params: Vec<String> = (0..n).map(|k| format!("p{k}: {x}")).collect();
-            let mut lines: Vec<String> = (0..n)
-                .map(|k| format!("  %p{k} = {x} parameter({k})"))
-                .collect();
-            let ops: Vec<String> = (0..n).map(|k| format!("%p{k}")).collect();
-            let tuple: Vec<String> = (0..n).map(|_| x.clone()).collect();
-            lines.push(format!(
-                "  ROOT %c = ({}) all-to-all({}), {attrs}",
-                tuple.join(", "),
-                ops.join(", ")
-            ));
-            return format!(
-                "HloModule {}, replica_count={replicas}, num_partitions={partitions}\n\nENTRY %main ({}) -> ({}) {{\n{}\n}}\n",
-                c.name,
-                params.join(", "),
-                tuple.join(", "),
-                lines.join("\n")
-            );
-        }
-        (Collective::ReduceScatter, Some(d)) => {
-            format!(
-                "  ROOT %c = {y} reduce-scatter(%x), {attrs}, dimensions={{{d}}}, to_apply=%add"
-            )
-        }
-        (Collective::AllGather, Some(d)) if c.async_pair => format!(
-            "  %start = ({x}, {y}) all-gather-start(%x), {attrs}, dimensions={{{d}}}\n  ROOT %c = {y} all-gather-done(%start)"
-        ),
-        (Collective::AllGather, Some(d)) => {
-            format!("  ROOT %c = {y} all-gather(%x), {attrs}, dimensions={{{d}}}")
-        }
-        (Collective::AllToAll, Some(d)) => {
-            format!("  ROOT %c = {y} all-to-all(%x), {attrs}, dimensions={{{d}}}")
-        }
-        _ => unreachable!("no such case"),
-    };
-    format!(
-        "HloModule {}, replica_count={replicas}, num_partitions={partitions}\n\n{add}ENTRY %main (x: {x}) -> {y} {{\n  %x = {x} parameter(0)\n{body}\n}}\n",
-        c.name
-    )
 }
 
 /// Row-major `v` of `dims` cut along `d` into `p` equal pieces.
@@ -390,12 +306,14 @@ fn cases() -> Vec<Case> {
         c.options = opts(edit);
         v.push(c);
     }
-    for (name, collective, dims) in [
-        ("ag_hadamard", Collective::AllGather, [16i64, 512]),
-        ("a2a_hadamard", Collective::AllToAll, [64, 512]),
+    for (name, collective, dims, rotation) in [
+        ("ag_hadamard", Collective::AllGather, [16i64, 512], RotationOption::Hadamard),
+        ("a2a_hadamard", Collective::AllToAll, [64, 512], RotationOption::Hadamard),
+        ("ag_norot", Collective::AllGather, [16i64, 512], RotationOption::None),
+        ("a2a_norot", Collective::AllToAll, [64, 512], RotationOption::None),
     ] {
         let mut c = case(name, collective, &dims, Some(0), Groups::All);
-        c.options = opts(|o| o.rotation = RotationOption::Hadamard);
+        c.options = opts(|o| o.rotation = rotation);
         v.push(c);
     }
     let mut c = case(
@@ -424,10 +342,7 @@ fn rewritten_collectives_run_in_xla_with_bounded_error() {
     let mut jobs = Vec::new();
     let mut runs = Vec::new();
     for (ci, c) in cases.iter().enumerate() {
-        let text = module_text(c);
-        let module: HloModuleProto = equarx::text::parse(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}\n{text}", c.name))
-            .proto;
+        let module = module(c);
         let (replicas, partitions) = c.groups.counts();
         let counts = DeviceCounts {
             replica_count: Some(replicas as i64),

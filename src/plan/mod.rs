@@ -352,6 +352,16 @@ impl Plan {
         Ok(plan)
     }
 
+    /// Whether the plan repeats steps (ring hops, relays), so that its form
+    /// (loop or unrolled) shows in the module.
+    pub fn repeats(&self) -> bool {
+        self.phases.iter().any(|p| match p {
+            Phase::Ring { .. } => true,
+            Phase::Gather => self.config.gather == GatherForm::Permute,
+            Phase::Exchange { .. } | Phase::Scatter => false,
+        })
+    }
+
     /// How the plan gets its result, for reports: the reduce algorithm for
     /// the reducing collectives, the single exchange otherwise.
     pub fn algorithm_name(&self) -> String {

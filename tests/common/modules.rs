@@ -175,7 +175,11 @@ pub fn retyped(mut m: HloModuleProto, from: i32, to: i32) -> HloModuleProto {
 
 /// The reduction computations' `add` becomes `opcode`.
 pub fn with_reducer(mut m: HloModuleProto, opcode: &str) -> HloModuleProto {
-    let reducers: Vec<i64> = all_reduces(&mut m)
+    let reducers: Vec<i64> = m
+        .computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .filter(|i| i.opcode.starts_with("all-reduce") || i.opcode == "reduce-scatter")
         .flat_map(|i| i.called_computation_ids.clone())
         .collect();
     for c in m
@@ -199,4 +203,112 @@ pub fn with_attribute(mut m: HloModuleProto, key: &str, value: &str) -> HloModul
             .insert(key.into(), value.into());
     }
     m
+}
+
+/// A module holding one reduce-scatter, all-gather or all-to-all of bf16
+/// operands, for [`collective_text`].
+pub struct CollectiveSpec<'a> {
+    pub name: &'a str,
+    pub collective: equarx::plan::Collective,
+    /// The operand's dimensions (a tuple all-to-all: each operand's).
+    pub dims: &'a [i64],
+    /// The collective's dimension; `None`: a tuple all-to-all of one
+    /// operand per rank.
+    pub dim: Option<i64>,
+    /// The groups, as partition ids (or replica ids with `replicas`).
+    pub groups: &'a [Vec<usize>],
+    /// No channel id: the groups name replicas.
+    pub replicas: bool,
+    /// Written as an all-gather-start / -done pair.
+    pub async_pair: bool,
+}
+
+/// The module of `spec` as HLO text (equarx's parser reads it; XLA's own
+/// parser agrees with it: tests/text.rs).
+pub fn collective_text(spec: &CollectiveSpec) -> String {
+    use equarx::plan::Collective;
+    let text = |d: &[i64]| d.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let p = spec.groups[0].len() as i64;
+    let devices: usize = spec.groups.iter().map(Vec::len).sum();
+    let mut out_dims = spec.dims.to_vec();
+    if let Some(d) = spec.dim {
+        match spec.collective {
+            Collective::ReduceScatter => out_dims[d as usize] /= p,
+            Collective::AllGather => out_dims[d as usize] *= p,
+            _ => {}
+        }
+    }
+    let x = format!("bf16[{}]", text(spec.dims));
+    let y = format!("bf16[{}]", text(&out_dims));
+    let lists: Vec<String> = spec
+        .groups
+        .iter()
+        .map(|g| {
+            format!(
+                "{{{}}}",
+                g.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+            )
+        })
+        .collect();
+    let groups = format!("replica_groups={{{}}}", lists.join(","));
+    let op = spec.collective.opcode();
+    // all-to-all has no use_global_device_ids: with a channel id it is
+    // cross-partition.
+    let attrs = match (spec.replicas, op) {
+        (true, _) => groups,
+        (false, "all-to-all") => format!("channel_id=1, {groups}"),
+        (false, _) => format!("channel_id=1, {groups}, use_global_device_ids=true"),
+    };
+    let (replicas, partitions) = if spec.replicas {
+        (devices, 1)
+    } else {
+        (1, devices)
+    };
+    let header = format!(
+        "HloModule {}, replica_count={replicas}, num_partitions={partitions}\n\n",
+        spec.name
+    );
+    if spec.dim.is_none() {
+        let n = p as usize;
+        let params: Vec<String> = (0..n).map(|k| format!("p{k}: {x}")).collect();
+        let mut lines: Vec<String> = (0..n)
+            .map(|k| format!("  %p{k} = {x} parameter({k})"))
+            .collect();
+        let ops: Vec<String> = (0..n).map(|k| format!("%p{k}")).collect();
+        let tuple = vec![x.clone(); n].join(", ");
+        lines.push(format!(
+            "  ROOT %c = ({tuple}) all-to-all({}), {attrs}",
+            ops.join(", ")
+        ));
+        return format!(
+            "{header}ENTRY %main ({}) -> ({tuple}) {{\n{}\n}}\n",
+            params.join(", "),
+            lines.join("\n")
+        );
+    }
+    let d = spec.dim.unwrap_or(0);
+    let body = match spec.collective {
+        Collective::ReduceScatter => {
+            format!(
+                "  ROOT %c = {y} reduce-scatter(%x), {attrs}, dimensions={{{d}}}, to_apply=%add"
+            )
+        }
+        Collective::AllGather if spec.async_pair => format!(
+            "  %start = ({x}, {y}) all-gather-start(%x), {attrs}, dimensions={{{d}}}\n  ROOT %c = {y} all-gather-done(%start)"
+        ),
+        Collective::AllGather => {
+            format!("  ROOT %c = {y} all-gather(%x), {attrs}, dimensions={{{d}}}")
+        }
+        _ => format!("  ROOT %c = {y} {op}(%x), {attrs}, dimensions={{{d}}}"),
+    };
+    let add = "%add (a: bf16[], b: bf16[]) -> bf16[] {\n  %a = bf16[] parameter(0)\n  %b = bf16[] parameter(1)\n  ROOT %s = bf16[] add(%a, %b)\n}\n\n";
+    format!("{header}{add}ENTRY %main (x: {x}) -> {y} {{\n  %x = {x} parameter(0)\n{body}\n}}\n")
+}
+
+/// The module of `spec`, parsed.
+pub fn collective_module(spec: &CollectiveSpec) -> HloModuleProto {
+    let text = collective_text(spec);
+    equarx::text::parse(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{text}", spec.name))
+        .proto
 }

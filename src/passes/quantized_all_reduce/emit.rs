@@ -365,7 +365,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
 
     /// f32 `[nb, B]` blocks → s8 `[nb, B + scale bytes]` messages.
     fn quantize(&mut self, blocks: &Value) -> Value {
-        let nb = blocks.dims()[0];
+        let nb = dim(&blocks, 0);
         let bl = self.plan().block() as i64;
         // The reducer counts a NaN or Inf as an infinite magnitude (see
         // `magnitude_reducer`).
@@ -446,7 +446,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     /// s8 `[nb, B + width]` messages → their codes (s8 `[nb, B]`) and
     /// scales (f32 `[nb]`).
     fn split(&mut self, message: &Value) -> (Value, Value) {
-        let nb = message.dims()[0];
+        let nb = dim(&message, 0);
         let bl = self.plan().block() as i64;
         let width = self.plan().scale_type().bytes() as i64;
         let codes = self.b.slice(message, &[0, 0], &[nb, bl]);
@@ -456,7 +456,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
 
     /// s8 `[nb, B + width]` messages → f32 `[nb, B]` values.
     fn dequantize(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (message.dims()[0], self.plan().block() as i64);
+        let (nb, bl) = (dim(&message, 0), self.plan().block() as i64);
         let (codes, scale) = self.split(message);
         let codes = self.b.convert(&codes, PrimitiveType::F32);
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
@@ -466,7 +466,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     /// Messages of rotated blocks → the values rotated back:
     /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
     fn dequantize_rotated(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (message.dims()[0], self.plan().block() as i64);
+        let (nb, bl) = (dim(&message, 0), self.plan().block() as i64);
         let (codes, scale) = self.split(message);
         let codes = self.b.convert(&codes, PrimitiveType::F32);
         let h = self.hadamard();
@@ -584,7 +584,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         }
         // The lanes' partials side by side again: [rows, c]. With one row
         // the lanes' blocks simply follow each other.
-        let rows: i64 = held.dims()[..held.dims().len() - 1].iter().product::<i64>() / q;
+        let rows: i64 = held.dims().iter().rev().skip(1).product::<i64>() / q;
         let bl = plan.block() as i64;
         let pieces: Vec<Value> = if rows == 1 {
             partials.clone()
@@ -632,7 +632,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let blocks = self.b.reshape(held, &[p * nb, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
-        let width = message.dims()[1];
+        let width = dim(&message, 1);
         // Rank 2, split along the major dimension: the array form every
         // backend runs without decomposing it first (the pre-scheduler
         // hook comes after XLA's all-to-all decomposer).
@@ -827,8 +827,9 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let (p, bl) = (plan.group_size as i64, plan.block() as i64);
         let nb = plan.chunk as i64 / bl;
         let blocks = self.b.reshape(owned, &[nb, bl]);
+        let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
-        let width = message.dims()[1];
+        let width = dim(&message, 1);
         let all = match plan.config.gather {
             GatherForm::AllGather => {
                 let row = self.b.reshape(&message, &[1, nb * width]);
@@ -1007,6 +1008,13 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             .map(|k| self.b.get_tuple_element(&done, k as i64))
             .collect()
     }
+}
+
+/// Dimension `k` of `v`, or 0 if it has none: a value of a builder that
+/// met an inconsistency has no dimensions, and the builder reports the
+/// inconsistency when it finishes.
+fn dim(v: &Value, k: usize) -> i64 {
+    v.dims().get(k).copied().unwrap_or(0)
 }
 
 /// Whether every operand holds bf16 values (bf16, or f32 that equarx reads

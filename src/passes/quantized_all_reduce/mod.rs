@@ -358,7 +358,8 @@ pub struct PlanSummary {
     pub config: Config,
     pub algorithm: String,
     pub rotation: Rotation,
-    pub form: Form,
+    /// How repeated steps are emitted; `None` when the plan has none.
+    pub form: Option<Form>,
     pub block_size: usize,
     pub lanes: usize,
     pub padding_elements: usize,
@@ -914,7 +915,7 @@ fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &Plan, emitted: &Re
         config: plan.config.clone(),
         algorithm: plan.algorithm_name(),
         rotation: plan.config.rotation,
-        form: plan.config.form,
+        form: plan.repeats().then_some(plan.config.form),
         block_size: plan.block(),
         lanes: plan.lanes.len(),
         padding_elements: plan.padded() - plan.elements,
