@@ -193,6 +193,9 @@ struct SimulateArgs {
         default_value = "none,hadamard"
     )]
     rotations: Vec<Rotation>,
+    /// Code formats: int8, fp8-e4m3, fp8-e5m2, int4.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "int8")]
+    formats: Vec<equarx::plan::QuantFormat>,
     /// Group sizes P.
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,64")]
     group_sizes: Vec<usize>,
@@ -589,6 +592,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         block_sizes: a.block_sizes,
         algorithms: a.algorithms,
         rotations: a.rotations,
+        formats: a.formats,
         depths: a.pipeline_depths,
         bidirectional: a.bidirectional,
         elements: a.elements,
@@ -609,12 +613,13 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         a.elements
     );
     println!(
-        "{:<16} {:>3} {:>4} {:<16} {:<8} {:>2} {:>5} {:>18} {:>9} {:>18} {:>18} {:>6}",
+        "{:<16} {:>3} {:>4} {:<16} {:<8} {:<8} {:>2} {:>5} {:>18} {:>9} {:>18} {:>18} {:>6}",
         "distribution",
         "P",
         "B",
         "algorithm",
         "rotation",
+        "format",
         "D",
         "bidi",
         "equarx",
@@ -626,12 +631,14 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     let cell = |e: simulate::ErrorStats| format!("{:.3}% ({:.3})", e.rel_rms * 100.0, e.max_rel);
     for r in &rows {
         println!(
-            "{:<16} {:>3} {:>4} {:<16} {:<8} {:>2} {:>5} {:>18} {:>8.3}% {:>18} {:>18} {:>5.2}x",
+            "{:<16} {:>3} {:>4} {:<16} {:<8} {:<8} {:>2} {:>5} {:>18} {:>8.3}% {:>18} {:>18} {:>5.2}x",
             format!("{:?}", r.distribution),
             r.group_size,
             r.block_size,
             r.algorithm,
             format!("{:?}", r.rotation).to_lowercase(),
+            clap::ValueEnum::to_possible_value(&r.format)
+                .map_or_else(String::new, |v| v.get_name().to_string()),
             r.pipeline_depth,
             r.bidirectional,
             cell(r.equarx),

@@ -275,6 +275,22 @@ fn cases() -> Vec<Case> {
             "changed",
             "min_payload_bytes=0;types=bf16,f32;algorithm=two-level;gather=permute",
         ),
+        // The other code formats, plain and fused.
+        case(
+            "psum_bf16_p8.pb",
+            "changed",
+            "min_payload_bytes=0;quant_format=fp8-e4m3",
+        ),
+        case(
+            "tp_block_after_opt.pb",
+            "changed",
+            "min_payload_bytes=0;types=bf16,f32;quant_format=int4;algorithm=ring",
+        ),
+        case(
+            "sp_mlp/sp_mlp.pb",
+            "changed",
+            "min_payload_bytes=0;quant_format=fp8-e5m2",
+        ),
         // Sequence parallelism: an all-gather and a reduce-scatter, no
         // all-reduce.
         case("sp_mlp/sp_mlp.pb", "changed", "min_payload_bytes=0"),

@@ -148,5 +148,8 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
     assert!(sp["s8_collectives"].as_u64() >= Some(2), "{sp}");
     assert_eq!(sp["finite"], true, "{sp}");
     let err = sp["rel_rms"].as_f64().expect("rel_rms");
-    assert!(err > 0.0 && err < 0.025, "sequence-parallel MLP error {err}");
+    assert!(
+        err > 0.0 && err < 0.025,
+        "sequence-parallel MLP error {err}"
+    );
 }

@@ -13,7 +13,7 @@ use common::modules::{
 };
 use common::{run_xla, scratch};
 use equarx::io::DeviceCounts;
-use equarx::plan::Collective;
+use equarx::plan::{Collective, QuantFormat};
 use equarx::proto::{HloModuleProto, PrimitiveType};
 use equarx::text::{PrintOptions, print_module_with};
 use equarx::{AlgorithmOption, FuseMode, GatherForm, RewriteOptions, RotationOption, ScaleType};
@@ -167,6 +167,13 @@ fn positives() -> Vec<Case> {
             collective(Collective::AllToAll, &[8, 64], None),
             opts(|_| {}),
         ),
+        // The other code formats.
+        case(
+            "fp8_e4m3",
+            p8(),
+            opts(|o| o.quant_format = QuantFormat::Fp8E4m3),
+        ),
+        case("int4", p8(), opts(|o| o.quant_format = QuantFormat::Int4)),
         // The time model's choice for a small psum on v5e.
         case(
             "defaults",
@@ -271,6 +278,17 @@ fn negatives() -> Vec<(Case, &'static str)> {
                 opts(|o| o.min_payload_bytes = Some(1 << 20)),
             ),
             "below the minimum",
+        ),
+        (
+            case(
+                "int4_over_error_budget",
+                p8(),
+                opts(|o| {
+                    o.quant_format = QuantFormat::Int4;
+                    o.max_error_pct = Some(5.0);
+                }),
+            ),
+            "no configuration meets the error budget",
         ),
         (
             case(

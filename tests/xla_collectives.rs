@@ -13,7 +13,7 @@
 mod common;
 
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
-use equarx::numerics::error::{output_rounding_rel_rms, quantization_rel_rms};
+use equarx::numerics::error::{format_rel_rms, output_rounding_rel_rms};
 use equarx::numerics::simulate;
 use equarx::plan::{Collective, Plan};
 use equarx::proto::HloModuleProto;
@@ -307,10 +307,30 @@ fn cases() -> Vec<Case> {
         v.push(c);
     }
     for (name, collective, dims, rotation) in [
-        ("ag_hadamard", Collective::AllGather, [16i64, 512], RotationOption::Hadamard),
-        ("a2a_hadamard", Collective::AllToAll, [64, 512], RotationOption::Hadamard),
-        ("ag_norot", Collective::AllGather, [16i64, 512], RotationOption::None),
-        ("a2a_norot", Collective::AllToAll, [64, 512], RotationOption::None),
+        (
+            "ag_hadamard",
+            Collective::AllGather,
+            [16i64, 512],
+            RotationOption::Hadamard,
+        ),
+        (
+            "a2a_hadamard",
+            Collective::AllToAll,
+            [64, 512],
+            RotationOption::Hadamard,
+        ),
+        (
+            "ag_norot",
+            Collective::AllGather,
+            [16i64, 512],
+            RotationOption::None,
+        ),
+        (
+            "a2a_norot",
+            Collective::AllToAll,
+            [64, 512],
+            RotationOption::None,
+        ),
     ] {
         let mut c = case(name, collective, &dims, Some(0), Groups::All);
         c.options = opts(|o| o.rotation = rotation);
@@ -473,21 +493,26 @@ fn rewritten_collectives_run_in_xla_with_bounded_error() {
             let sim = simulated(c, &plan, &inputs);
             for r in 0..p {
                 sim_runs += 1;
-                if sim[r]
+                let got_r = result(r);
+                let differs = sim[r]
                     .iter()
-                    .zip(result(r).iter())
-                    .any(|(a, b)| a.to_bits() != b.to_bits())
-                {
+                    .zip(got_r.iter())
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                if let Some(i) = differs {
                     failures.push(format!(
-                        "{} {data:?}: rank {r} differs from the bit-exact simulator",
-                        c.name
+                        "{} {data:?}: rank {r} differs from the bit-exact simulator at {i} of {} \
+                         ({} vs XLA {})",
+                        c.name,
+                        got_r.len(),
+                        sim[r][i],
+                        got_r[i]
                     ));
                 }
                 let measured = rel_rms(&result(r), &want[r]);
                 let exact_f32: Vec<f32> = want[r].iter().map(|&x| x as f32).collect();
                 let rows: Vec<Vec<f32>> = inputs.iter().map(|x| x.concat()).collect();
                 let crest = simulate::crest_seen(&rows, &exact_f32, plan.block(), config.rotation);
-                let model = quantization_rel_rms(plan.noise_weight(), crest);
+                let model = format_rel_rms(plan.config.format, plan.noise_weight(), crest);
                 let rounding = output_rounding_rel_rms(7);
                 let b = 1.25 * (model * model + rounding * rounding).sqrt();
                 worst = worst.max(measured);

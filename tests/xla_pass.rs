@@ -18,9 +18,10 @@ use std::path::Path;
 use common::modules::{all_reduces, iota, list, load, make_async, opts, with_counts};
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
 use equarx::ir::shape;
-use equarx::numerics::error::{output_rounding_rel_rms, quantization_rel_rms};
+use equarx::numerics::error::{format_rel_rms, output_rounding_rel_rms};
 use equarx::numerics::simulate;
 use equarx::plan::Plan;
+use equarx::plan::QuantFormat;
 use equarx::proto::{HloInstructionProto, HloModuleProto, OpSharding};
 use equarx::{
     AlgorithmOption, DeviceCounts, GatherForm, Options, RewriteOptions, RotationOption, ScaleType,
@@ -443,6 +444,44 @@ fn cases() -> Vec<Case> {
             });
             v.push(c);
         }
+    }
+
+    // Every code format over the ring and the two-shot, with and without
+    // rotation, in a while body, an async pair and a tuple.
+    let formats: [(&str, QuantFormat); 3] = [
+        ("fp8_e4m3", QuantFormat::Fp8E4m3),
+        ("fp8_e5m2", QuantFormat::Fp8E5m2),
+        ("int4", QuantFormat::Int4),
+    ];
+    for host in ["p8", "two_groups_of_4", "async_pair", "tuple", "while_body"] {
+        let base = v
+            .iter()
+            .find(|c| c.name == host)
+            .expect("host case")
+            .clone();
+        for (suffix, format) in formats {
+            let mut c = variant(&base, suffix, |o| o.quant_format = format);
+            // A program's bound is the int8 ring's: the format's own
+            // error model scales it.
+            if let Check::Program { bound, .. } = &mut c.check {
+                let w = 4.5; // P = 8
+                let crest = common::PRODUCT_CREST_SQ;
+                *bound *=
+                    format_rel_rms(format, w, crest) / format_rel_rms(QuantFormat::Int8, w, crest);
+            }
+            v.push(c);
+        }
+    }
+    let base = v.iter().find(|c| c.name == "p8").expect("p8").clone();
+    for (suffix, format) in formats {
+        v.push(variant(
+            &base,
+            &format!("two_shot_hadamard_{suffix}"),
+            |o| {
+                (o.algorithm, o.rotation, o.quant_format) =
+                    (AlgorithmOption::TwoShot, RotationOption::Hadamard, format)
+            },
+        ));
     }
 
     // The defaults (the time model's choice on v5e and on an H100 node)
@@ -876,7 +915,7 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
                         let crest =
                             simulate::crest_seen(&inputs, &exact_f32, block, config.rotation);
                         let plan = Plan::new(group.len(), inputs[0].len(), &config).unwrap();
-                        let ring = quantization_rel_rms(plan.noise_weight(), crest);
+                        let ring = format_rel_rms(plan.config.format, plan.noise_weight(), crest);
                         let out_type = if results[*rj]["outputs"][k]["dtype"] == "bf16" {
                             7
                         } else {

@@ -49,6 +49,10 @@
  *       Outline the emitted quantize / dequantize chains into loop fusions:
  *       auto does when the module already holds fusions (XLA's fusion pass
  *       has run: a dump after optimizations, the pre-scheduler hook).
+ *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
+ *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
+ *       or /57344, the float's own rounding), int4 (absmax/7, two codes per
+ *       byte; opt-in).
  *   algorithm  auto|ring|two-shot|two-level (default: auto):
  *       The reduce algorithm: ring (P-1 requantizing hops; a torus ring),
  *       two-shot (quantize once, one all-to-all, the owner sums in f32;

@@ -250,6 +250,8 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
     // rotated input.
     let own_bytes = if rotated { 4.0 } else { elem_bytes as f64 };
     let scales = plan.scale_type().bytes() as f64 / plan.block() as f64;
+    // Bytes of one code: 1, or 1/2 for int4.
+    let cb = plan.config.format.bits() as f64 / 8.0;
     let c = plan.chunk as f64;
     let (mut comm, mut hbm_bytes) = (0.0, 0.0);
     for (k, phase) in plan.phases.iter().enumerate() {
@@ -259,20 +261,21 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
             Phase::Ring { axis } => {
                 let q = axis.size as f64;
                 comm += (q - 1.0) * (alpha + alpha_k + loop_us) + bytes / ring_bw;
-                hbm_bytes += (q - 1.0) * rows / q * c * (2.0 + own_bytes + scales);
+                hbm_bytes += (q - 1.0) * rows / q * c * (2.0 * cb + own_bytes + scales);
             }
             Phase::Exchange { axis } => {
                 let q = axis.size as f64;
                 comm += alpha_k + exchange_us(t, q, bytes);
-                hbm_bytes += rows * c * (own_bytes + 1.0 + scales) + rows * c + rows / q * c * 4.0;
+                hbm_bytes +=
+                    rows * c * (own_bytes + cb + scales) + rows * c * cb + rows / q * c * 4.0;
             }
             Phase::Gather => {
                 comm += alpha_k + gather_us(t, p, bytes);
-                hbm_bytes += c * (4.0 + 1.0) + p * c * (1.0 + elem_bytes as f64);
+                hbm_bytes += c * (4.0 + cb) + p * c * (cb + elem_bytes as f64);
             }
             Phase::Scatter => {
                 comm += alpha_k + exchange_us(t, p, bytes);
-                hbm_bytes += p * c * (own_bytes + 1.0 + scales) + p * c * (1.0 + elem_bytes as f64);
+                hbm_bytes += p * c * (own_bytes + cb + scales) + p * c * (cb + elem_bytes as f64);
             }
         }
     }
@@ -322,6 +325,7 @@ mod tests {
             rotation: Rotation::None,
             block: 64,
             scale_type: ScaleType::Bf16,
+            format: crate::plan::QuantFormat::Int8,
             pipeline_depth: 1,
             bidirectional,
             gather: GatherForm::AllGather,

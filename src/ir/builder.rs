@@ -207,6 +207,14 @@ impl<'m> Builder<'m> {
         self.s32_array_or_scalar(&[v], true)
     }
 
+    pub fn s8_scalar(&mut self, v: i8) -> Value {
+        self.constant(LiteralProto {
+            shape: Some(shape::scalar(PrimitiveType::S8)),
+            s8s: vec![v as u8],
+            ..Default::default()
+        })
+    }
+
     pub fn s32_array(&mut self, v: &[i32]) -> Value {
         self.s32_array_or_scalar(v, false)
     }

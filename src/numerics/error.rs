@@ -24,19 +24,30 @@
 //! value or below. Rounding the result to the output type adds its own
 //! error in quadrature ([`output_rounding_rel_rms`]).
 
-use super::QMAX;
 use crate::plan::Plan;
 
-/// Relative RMS error of quantizations whose plan has noise weight `w`
-/// ([`Plan::noise_weight`]), for blocks of crest factor `crest_sq` (κ²).
-pub fn quantization_rel_rms(w: f64, crest_sq: f64) -> f64 {
-    let q = f64::from(QMAX);
-    (crest_sq * w / (12.0 * q * q)).sqrt()
+/// Relative RMS error of quantizations with noise weight `w` in `format`:
+/// an integer format's step follows the block's absmax (κ² matters, `q` its
+/// largest code); a float format rounds every value to its own mantissa,
+/// a relative error whatever the block's crest (values far below the block's
+/// absmax lose more as subnormals; not modelled).
+pub fn format_rel_rms(format: crate::plan::QuantFormat, w: f64, crest_sq: f64) -> f64 {
+    match format.mantissa_bits() {
+        Some(m) => output_rounding_rel_rms(m) * w.sqrt(),
+        None => {
+            let q = f64::from(format.qmax());
+            (crest_sq * w / (12.0 * q * q)).sqrt()
+        }
+    }
 }
 
 /// The paper's ring over `p` ranks: `w = (P+1)/2`.
 pub fn ring_rel_rms(p: usize, crest_sq: f64) -> f64 {
-    quantization_rel_rms((p as f64 + 1.0) / 2.0, crest_sq)
+    format_rel_rms(
+        crate::plan::QuantFormat::Int8,
+        (p as f64 + 1.0) / 2.0,
+        crest_sq,
+    )
 }
 
 /// κ² = E[max of `block` |N(0,1)|²]: the crest factor of Gaussian blocks
@@ -79,7 +90,11 @@ pub fn output_rounding_rel_rms(mantissa_bits: u32) -> f64 {
 /// The predicted relative RMS error of `plan` on Gaussian data, including
 /// rounding the result to a type with `mantissa_bits`.
 pub fn predicted_rel_rms(plan: &Plan, mantissa_bits: u32) -> f64 {
-    let quant = quantization_rel_rms(plan.noise_weight(), gaussian_crest_sq(plan.block()));
+    let quant = format_rel_rms(
+        plan.config.format,
+        plan.noise_weight(),
+        gaussian_crest_sq(plan.block()),
+    );
     let out = output_rounding_rel_rms(mantissa_bits);
     (quant * quant + out * out).sqrt()
 }
@@ -119,6 +134,7 @@ fn erf(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::QuantFormat;
 
     #[test]
     fn gaussian_crest_matches_sampling() {
@@ -133,8 +149,8 @@ mod tests {
     fn error_grows_with_group_and_block_size() {
         assert!(ring_rel_rms(8, 8.0) > ring_rel_rms(2, 8.0));
         assert!(
-            quantization_rel_rms(2.0, gaussian_crest_sq(512))
-                > quantization_rel_rms(2.0, gaussian_crest_sq(32))
+            format_rel_rms(QuantFormat::Int8, 2.0, gaussian_crest_sq(512))
+                > format_rel_rms(QuantFormat::Int8, 2.0, gaussian_crest_sq(32))
         );
         // P = 8, B = 128: about 1.4 % for Gaussian data.
         let e = ring_rel_rms(8, gaussian_crest_sq(128));

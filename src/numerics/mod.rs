@@ -48,13 +48,16 @@
 pub mod error;
 pub mod simulate;
 
-pub use crate::plan::ScaleType;
+pub use crate::plan::{Quant, QuantFormat, ScaleType};
 
-/// Largest code magnitude: codes lie in `[-127, 127]` (symmetric, no -128).
+/// Largest int8 code magnitude: codes lie in `[-127, 127]` (symmetric, no
+/// -128). Other formats: [`QuantFormat::qmax`].
 pub const QMAX: f32 = 127.0;
 
-/// `fl(1/127)`, the f32 constant the scale is computed with.
-pub const INV_QMAX: f32 = 1.0 / 127.0;
+/// `fl(1/qmax)`, the f32 constant a format's scale is computed with.
+pub fn inv_qmax(format: QuantFormat) -> f32 {
+    1.0 / format.qmax()
+}
 
 /// Significant bits the scale keeps, by scale type (without the implicit
 /// one: HLO `reduce-precision`'s `mantissa_bits`).
@@ -78,9 +81,9 @@ pub fn reduce_precision(x: f32, mantissa_bits: u32) -> f32 {
     f32::from_bits(rounded)
 }
 
-/// The scale of a block: `absmax · fl(1/127)`, rounded to the scale type;
-/// infinite if the block holds a NaN or an Inf.
-pub fn block_scale(v: &[f32], scale_type: ScaleType) -> f32 {
+/// The scale of a block: `absmax · fl(1/qmax)`, rounded to the scale type,
+/// at least 2⁻¹²⁶; infinite if the block holds a NaN or an Inf.
+pub fn block_scale(v: &[f32], quant: Quant) -> f32 {
     let absmax = v.iter().fold(0.0f32, |m, &x| {
         m.max(if x.is_finite() {
             x.abs()
@@ -88,27 +91,40 @@ pub fn block_scale(v: &[f32], scale_type: ScaleType) -> f32 {
             f32::INFINITY
         })
     });
-    reduce_precision(absmax * INV_QMAX, scale_mantissa_bits(scale_type)).max(f32::MIN_POSITIVE)
+    let raw = absmax * inv_qmax(quant.format);
+    reduce_precision(raw, scale_mantissa_bits(quant.scale)).max(f32::MIN_POSITIVE)
 }
 
-/// Quantizes one block: codes and the block's scale.
-pub fn quantize_block(v: &[f32], scale_type: ScaleType) -> (Vec<i8>, f32) {
-    let scale = block_scale(v, scale_type);
+/// Quantizes one block: the codes' values (small integers, or the values
+/// of 8-bit floats) and the block's scale.
+pub fn quantize_block(v: &[f32], quant: Quant) -> (Vec<f32>, f32) {
+    let scale = block_scale(v, quant);
     let recip = 1.0 / scale;
-    let codes = v.iter().map(|&x| code(x, recip)).collect();
+    let codes = v.iter().map(|&x| code(x, recip, quant.format)).collect();
     (codes, scale)
 }
 
-/// One element's code, given the block's reciprocal scale `recip`.
-pub fn code(x: f32, recip: f32) -> i8 {
-    let q = (x * recip).round_ties_even().clamp(-QMAX, QMAX);
-    // XLA converts NaN to 0 (the dequantized block is NaN through the scale).
-    if q.is_nan() { 0 } else { q as i8 }
+/// One element's code value, given the block's reciprocal scale.
+/// Integers: round to nearest even, clamp; XLA converts NaN to 0 (the
+/// dequantized block is NaN through the scale). fp8: clamp, then the
+/// format's own rounding (to nearest even) as XLA's convert does.
+pub fn code(x: f32, recip: f32, format: QuantFormat) -> f32 {
+    let q = format.qmax();
+    let v = x * recip;
+    match format {
+        QuantFormat::Int8 | QuantFormat::Int4 => {
+            let c = v.round_ties_even().clamp(-q, q);
+            // An integer has no -0: a small negative value's code is +0.
+            if c.is_nan() { 0.0 } else { c + 0.0 }
+        }
+        QuantFormat::Fp8E4m3 => float8::F8E4M3::from_f32(v.clamp(-q, q)).to_f32(),
+        QuantFormat::Fp8E5m2 => float8::F8E5M2::from_f32(v.clamp(-q, q)).to_f32(),
+    }
 }
 
 /// Dequantizes codes with their block's scale.
-pub fn dequantize(codes: &[i8], scale: f32) -> impl Iterator<Item = f32> + '_ {
-    codes.iter().map(move |&q| f32::from(q) * scale)
+pub fn dequantize(codes: &[f32], scale: f32) -> impl Iterator<Item = f32> + '_ {
+    codes.iter().map(move |&q| q * scale)
 }
 
 /// `fl(1/√B)`, the factor that makes `H_B` orthonormal (exact for B a
@@ -144,16 +160,16 @@ pub fn rotate_block(x: &[f32]) -> Vec<f32> {
 }
 
 /// Dequantizes a rotated block and rotates it back:
-/// `(H·q)_j · (scale·fl(1/√B))`, the integer sum exact in any order.
-pub fn dequantize_rotated(codes: &[i8], scale: f32) -> Vec<f32> {
+/// `(H·q)_j · (scale·fl(1/√B))`, the ±codes summed in index order (for
+/// integer codes the sum is exact in any order).
+pub fn dequantize_rotated(codes: &[f32], scale: f32) -> Vec<f32> {
     let s = scale * hadamard_norm(codes.len());
     (0..codes.len())
         .map(|j| {
-            let h: f32 = codes
+            let h = codes
                 .iter()
                 .enumerate()
-                .map(|(k, &q)| f32::from(q) * hadamard_sign(k, j))
-                .sum();
+                .fold(0.0f32, |acc, (k, &q)| acc + q * hadamard_sign(k, j));
             h * s
         })
         .collect()
@@ -163,21 +179,62 @@ pub fn dequantize_rotated(codes: &[i8], scale: f32) -> Vec<f32> {
 mod tests {
     use super::*;
 
+    const INT8_F32: Quant = Quant {
+        format: QuantFormat::Int8,
+        scale: ScaleType::F32,
+    };
+    const INT8_BF16: Quant = Quant {
+        format: QuantFormat::Int8,
+        scale: ScaleType::Bf16,
+    };
+
+    #[test]
+    fn every_format_keeps_the_absmax_and_its_range() {
+        let v = [3.0f32, -1.5, 0.01, 0.0];
+        for format in [
+            QuantFormat::Int8,
+            QuantFormat::Fp8E4m3,
+            QuantFormat::Fp8E5m2,
+            QuantFormat::Int4,
+        ] {
+            let quant = Quant {
+                format,
+                scale: ScaleType::F32,
+            };
+            let (q, s) = quantize_block(&v, quant);
+            assert!(q.iter().all(|c| c.abs() <= format.qmax()), "{format:?}");
+            let back: Vec<f32> = dequantize(&q, s).collect();
+            assert!((back[0] - 3.0).abs() < 3.0 * 0.07, "{format:?}: {back:?}");
+        }
+        // fp8 keeps relative precision where int4 loses small values.
+        let e4m3 = Quant {
+            format: QuantFormat::Fp8E4m3,
+            scale: ScaleType::F32,
+        };
+        let (q, s) = quantize_block(&v, e4m3);
+        assert!((q[2] * s - 0.01).abs() < 0.01 * 0.07);
+        let int4 = Quant {
+            format: QuantFormat::Int4,
+            scale: ScaleType::F32,
+        };
+        assert_eq!(quantize_block(&v, int4).0[2], 0.0);
+    }
+
     #[test]
     fn codes_are_symmetric_and_round_to_even() {
         // absmax 127 → scale ≈ 1; 2.5 → 2, 3.5 → 4 (ties to even).
-        let (q, s) = quantize_block(&[127.0, -127.0, 2.5, 3.5, 0.0], ScaleType::F32);
+        let (q, s) = quantize_block(&[127.0, -127.0, 2.5, 3.5, 0.0], INT8_F32);
         assert!((s - 1.0).abs() < 1e-6);
-        assert_eq!(q[0], 127);
-        assert_eq!(q[1], -127);
-        assert_eq!(&q[2..], &[2, 4, 0]);
+        assert_eq!(q[0], 127.0);
+        assert_eq!(q[1], -127.0);
+        assert_eq!(&q[2..], &[2.0, 4.0, 0.0]);
     }
 
     #[test]
     fn zero_block_has_the_floor_scale_and_zero_codes() {
-        let (q, s) = quantize_block(&[0.0; 8], ScaleType::F32);
+        let (q, s) = quantize_block(&[0.0; 8], INT8_F32);
         assert_eq!(s, f32::MIN_POSITIVE);
-        assert!(q.iter().all(|&c| c == 0));
+        assert!(q.iter().all(|&c| c == 0.0));
         assert!(dequantize(&q, s).all(|v| v == 0.0));
     }
 
@@ -186,7 +243,7 @@ mod tests {
         // absmax 1e-37 would give a subnormal scale, flushed to zero by
         // backends that flush subnormals.
         let v = [1e-37f32, -5e-38, 0.0, 2e-38];
-        let (q, s) = quantize_block(&v, ScaleType::Bf16);
+        let (q, s) = quantize_block(&v, INT8_BF16);
         assert!(s.is_normal());
         let back: Vec<f32> = dequantize(&q, s).collect();
         for (a, b) in v.iter().zip(&back) {
@@ -198,7 +255,7 @@ mod tests {
     #[test]
     fn non_finite_blocks_dequantize_non_finite() {
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            let (q, s) = quantize_block(&[1.0, bad, -2.0], ScaleType::F32);
+            let (q, s) = quantize_block(&[1.0, bad, -2.0], INT8_F32);
             assert!(dequantize(&q, s).all(|x| !x.is_finite()), "{bad}");
         }
     }
@@ -238,14 +295,14 @@ mod tests {
             x[3] = bad;
             assert!(rotate_block(&x).iter().all(|v| !v.is_finite()), "{bad}");
         }
-        let (q, s) = quantize_block(&[f32::NAN; 64], ScaleType::Bf16);
+        let (q, s) = quantize_block(&[f32::NAN; 64], INT8_BF16);
         assert!(dequantize_rotated(&q, s).iter().all(|v| v.is_nan()));
     }
 
     #[test]
     fn code_times_scale_is_exact() {
         for absmax in [1.0f32, 3.7, 1e-20, 6.5e4, 123.456] {
-            let s = block_scale(&[absmax], ScaleType::F32);
+            let s = block_scale(&[absmax], INT8_F32);
             for q in -127i32..=127 {
                 let p = q as f32 * s;
                 assert_eq!(f64::from(p), f64::from(q) * f64::from(s), "q={q} s={s}");
@@ -256,7 +313,7 @@ mod tests {
     #[test]
     fn error_is_within_half_a_step() {
         let v: Vec<f32> = (0..128).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
-        let (q, s) = quantize_block(&v, ScaleType::F32);
+        let (q, s) = quantize_block(&v, INT8_F32);
         for (x, y) in v.iter().zip(dequantize(&q, s)) {
             assert!((x - y).abs() <= s * 0.5 + 1e-6);
         }

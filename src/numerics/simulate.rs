@@ -14,7 +14,9 @@
 //! most 17 significant bits make both give the same bits, and `fma` lets the
 //! tests show it.
 
-use super::{ScaleType, dequantize, dequantize_rotated, quantize_block, rotate_block};
+use super::{
+    Quant, QuantFormat, ScaleType, dequantize, dequantize_rotated, quantize_block, rotate_block,
+};
 use crate::plan::{Algorithm, Axis, Collective, Config, Phase, Plan, Rotation};
 
 /// A small deterministic generator (splitmix64): seeded, reproducible
@@ -126,7 +128,7 @@ pub fn quantized_all_reduce(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<
 /// all-gather, every rank all operands in rank order; all-to-all, rank t
 /// every rank's row t in rank order.
 pub fn run(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<Vec<f32>> {
-    let (p, c, b, st) = (plan.group_size, plan.chunk, plan.block(), plan.scale_type());
+    let (p, c, b, st) = (plan.group_size, plan.chunk, plan.block(), plan.quant());
     let rotated = plan.config.rotation == Rotation::Hadamard;
     let turn = |v: Vec<f32>| -> Vec<f32> {
         if rotated {
@@ -235,7 +237,7 @@ fn with_coordinate(r: usize, axis: Axis, a: usize) -> usize {
 /// Every rank ends up with the chunks whose coordinate on `axis` is its
 /// own, summed over the axis, by requantizing hops round the axis's ring.
 fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: bool) {
-    let (q, b, st) = (axis.size as i64, plan.block(), plan.scale_type());
+    let (q, b, st) = (axis.size as i64, plan.block(), plan.quant());
     let before: Vec<Vec<Option<Vec<f32>>>> = held.to_vec();
     for (r, chunks) in held.iter_mut().enumerate() {
         for (t, slot) in chunks.iter_mut().enumerate() {
@@ -269,13 +271,7 @@ fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: 
 /// Every rank ends up with the chunks whose coordinate on `axis` is its
 /// own: every member's copy quantized once, and the owner's sum of their
 /// dequantized values in rank order.
-fn exchange_phase(
-    held: &mut [Vec<Option<Vec<f32>>>],
-    axis: Axis,
-    b: usize,
-    st: ScaleType,
-    fma: bool,
-) {
+fn exchange_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, b: usize, st: Quant, fma: bool) {
     let before: Vec<Vec<Option<Vec<f32>>>> = held.to_vec();
     for (r, chunks) in held.iter_mut().enumerate() {
         for (t, slot) in chunks.iter_mut().enumerate() {
@@ -294,11 +290,7 @@ fn exchange_phase(
                 for (blk, acc) in from.chunks(b).zip(sum.chunks_mut(b)) {
                     let (q, s) = quantize_block(blk, st);
                     for (a, &c) in acc.iter_mut().zip(&q) {
-                        *a = if fma {
-                            f32::from(c).mul_add(s, *a)
-                        } else {
-                            *a + f32::from(c) * s
-                        };
+                        *a = if fma { c.mul_add(s, *a) } else { *a + c * s };
                     }
                 }
             }
@@ -308,17 +300,15 @@ fn exchange_phase(
 }
 
 /// One hop: quantize `part`, dequantize it at the receiver, add `own`.
-fn hop(part: &[f32], own: &[f32], block: usize, st: ScaleType, fma: bool) -> Vec<f32> {
+fn hop(part: &[f32], own: &[f32], block: usize, st: Quant, fma: bool) -> Vec<f32> {
     let mut next = Vec::with_capacity(part.len());
     for (blk, mine) in part.chunks(block).zip(own.chunks(block)) {
         let (q, s) = quantize_block(blk, st);
-        next.extend(q.iter().zip(mine).map(|(&c, &o)| {
-            if fma {
-                f32::from(c).mul_add(s, o)
-            } else {
-                f32::from(c) * s + o
-            }
-        }));
+        next.extend(q.iter().zip(mine).map(
+            |(&c, &o)| {
+                if fma { c.mul_add(s, o) } else { c * s + o }
+            },
+        ));
     }
     next
 }
@@ -349,7 +339,13 @@ pub fn per_tensor_int8(inputs: &[Vec<f32>]) -> Vec<f32> {
     let n = inputs.first().map_or(0, Vec::len);
     let mut sum = vec![0.0f32; n];
     for x in inputs {
-        let (q, s) = quantize_block(x, ScaleType::F32);
+        let (q, s) = quantize_block(
+            x,
+            Quant {
+                format: QuantFormat::Int8,
+                scale: ScaleType::F32,
+            },
+        );
         sum.iter_mut()
             .zip(dequantize(&q, s))
             .for_each(|(a, v)| *a += v);
@@ -402,6 +398,7 @@ pub struct SweepRow {
     pub block_size: usize,
     pub algorithm: String,
     pub rotation: Rotation,
+    pub format: QuantFormat,
     pub pipeline_depth: usize,
     pub bidirectional: bool,
     /// equarx, measured (output rounded to bf16).
@@ -454,6 +451,7 @@ pub struct Sweep {
     pub block_sizes: Vec<usize>,
     pub algorithms: Vec<AlgorithmChoice>,
     pub rotations: Vec<Rotation>,
+    pub formats: Vec<QuantFormat>,
     pub depths: Vec<usize>,
     pub bidirectional: Vec<bool>,
     /// Elements per device (bf16 payload).
@@ -486,7 +484,7 @@ pub fn crest_seen(inputs: &[Vec<f32>], exact: &[f32], block: usize, rotation: Ro
 /// Combinations that cannot be planned (a two-level grid of a prime
 /// group, a rotation of a block that is no power of two) are left out.
 pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
-    use crate::numerics::error::{output_rounding_rel_rms, quantization_rel_rms};
+    use crate::numerics::error::{format_rel_rms, output_rounding_rel_rms};
     use crate::plan::{Form, GatherForm, PlanError, ring_wire_bytes};
     let mut rows = Vec::new();
     for &dist in &s.distributions {
@@ -503,7 +501,12 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                     }
                     let crest = crest_seen(&inputs, &exact_f32, b, rotation);
                     let out = output_rounding_rel_rms(7);
-                    for algorithm in s.algorithms.iter().filter_map(|a| a.resolve(p)) {
+                    for (algorithm, format) in s
+                        .algorithms
+                        .iter()
+                        .filter_map(|a| a.resolve(p))
+                        .flat_map(|a| s.formats.iter().map(move |&f| (a, f)))
+                    {
                         for &d in &s.depths {
                             for &bi in &s.bidirectional {
                                 let config = Config {
@@ -511,6 +514,7 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                     rotation,
                                     block: b,
                                     scale_type: s.scale_type,
+                                    format,
                                     pipeline_depth: d,
                                     bidirectional: bi,
                                     gather: GatherForm::AllGather,
@@ -518,11 +522,13 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                 };
                                 let plan = match Plan::new(p, s.elements, &config) {
                                     Ok(plan) => plan,
-                                    Err(PlanError::BadGrid { .. }) => continue,
+                                    Err(PlanError::BadGrid { .. } | PlanError::OddInt4Block(_)) => {
+                                        continue;
+                                    }
                                     Err(e) => return Err(e.to_string()),
                                 };
                                 let got = to_bf16(&quantized_all_reduce(&inputs, &plan, true));
-                                let model = quantization_rel_rms(plan.noise_weight(), crest);
+                                let model = format_rel_rms(format, plan.noise_weight(), crest);
                                 let payload = 2 * s.elements as u64;
                                 rows.push(SweepRow {
                                     distribution: dist,
@@ -530,6 +536,7 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                     block_size: b,
                                     algorithm: algorithm.to_string(),
                                     rotation,
+                                    format,
                                     pipeline_depth: d,
                                     bidirectional: bi,
                                     equarx: error(&got, &exact),
@@ -560,6 +567,7 @@ mod tests {
             rotation,
             block,
             scale_type: ScaleType::Bf16,
+            format: QuantFormat::Int8,
             pipeline_depth: 1,
             bidirectional: true,
             gather: GatherForm::AllGather,
@@ -588,7 +596,7 @@ mod tests {
 
     #[test]
     fn every_algorithm_matches_the_model_on_gaussian_data() {
-        use crate::numerics::error::{gaussian_crest_sq, quantization_rel_rms};
+        use crate::numerics::error::{format_rel_rms, gaussian_crest_sq};
         let inputs = Distribution::Gaussian.generate(8, 16384, 256, true, 1);
         let exact = exact_sum(&inputs);
         for algorithm in [
@@ -600,7 +608,11 @@ mod tests {
                 let plan = plan(8, 16384, algorithm, rotation, 64);
                 let got = quantized_all_reduce(&inputs, &plan, true);
                 let e = error(&got, &exact).rel_rms;
-                let model = quantization_rel_rms(plan.noise_weight(), gaussian_crest_sq(64));
+                let model = format_rel_rms(
+                    QuantFormat::Int8,
+                    plan.noise_weight(),
+                    gaussian_crest_sq(64),
+                );
                 assert!(
                     (0.8 * model..1.1 * model).contains(&e),
                     "{algorithm} {rotation:?}: {e} vs {model}"

@@ -71,6 +71,73 @@ impl ScaleType {
     }
 }
 
+/// What a code is: a small integer or an 8-bit float, times its block's
+/// scale.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuantFormat {
+    /// Integers in [-127, 127]: the scale is absmax/127.
+    #[default]
+    Int8,
+    /// fp8 e4m3 (no infinities; largest 448): the scale is absmax/448 and
+    /// the float's own rounding keeps 4 significant bits per value.
+    #[value(name = "fp8-e4m3")]
+    #[serde(rename = "fp8-e4m3")]
+    Fp8E4m3,
+    /// fp8 e5m2 (largest 57344): 3 significant bits, a wider range.
+    #[value(name = "fp8-e5m2")]
+    #[serde(rename = "fp8-e5m2")]
+    Fp8E5m2,
+    /// Integers in [-7, 7], two codes per byte: the scale is absmax/7.
+    Int4,
+}
+
+impl QuantFormat {
+    /// The largest code magnitude the scale maps the block's absmax to.
+    pub fn qmax(self) -> f32 {
+        match self {
+            QuantFormat::Int8 => 127.0,
+            QuantFormat::Fp8E4m3 => 448.0,
+            QuantFormat::Fp8E5m2 => 57344.0,
+            QuantFormat::Int4 => 7.0,
+        }
+    }
+
+    /// Bits one code takes on the wire.
+    pub fn bits(self) -> usize {
+        match self {
+            QuantFormat::Int4 => 4,
+            _ => 8,
+        }
+    }
+
+    /// Explicit mantissa bits of a float format; `None` for integers.
+    pub fn mantissa_bits(self) -> Option<u32> {
+        match self {
+            QuantFormat::Fp8E4m3 => Some(3),
+            QuantFormat::Fp8E5m2 => Some(2),
+            QuantFormat::Int8 | QuantFormat::Int4 => None,
+        }
+    }
+}
+
+/// How one block is quantized: the code format and the scale's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quant {
+    pub format: QuantFormat,
+    pub scale: ScaleType,
+}
+
 /// How the reduced chunks reach every rank.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
@@ -163,6 +230,7 @@ pub struct Config {
     /// Elements per quantization block (B).
     pub block: usize,
     pub scale_type: ScaleType,
+    pub format: QuantFormat,
     /// Independent chains per ring direction (D).
     pub pipeline_depth: usize,
     pub bidirectional: bool,
@@ -226,6 +294,8 @@ pub enum PlanError {
     },
     #[error("two-level needs a 2-D grid, and a group of {0} has none (a prime size)")]
     NoGrid(usize),
+    #[error("int4 codes pack two to a byte: the block size must be even, not {0}")]
+    OddInt4Block(usize),
     #[error("Hadamard rotation needs a power-of-two block size, not {0}")]
     RotationBlock(usize),
 }
@@ -284,6 +354,9 @@ impl Plan {
         let b = config.block.max(1);
         if config.rotation == Rotation::Hadamard && !b.is_power_of_two() {
             return Err(PlanError::RotationBlock(b));
+        }
+        if config.format == QuantFormat::Int4 && b % 2 != 0 {
+            return Err(PlanError::OddInt4Block(b));
         }
         let per_rank_blocks = match row {
             // Rows are padded one by one.
@@ -380,6 +453,13 @@ impl Plan {
         self.config.scale_type
     }
 
+    pub fn quant(&self) -> Quant {
+        Quant {
+            format: self.config.format,
+            scale: self.config.scale_type,
+        }
+    }
+
     /// `P·c`, the padded payload.
     pub fn padded(&self) -> usize {
         self.chunk * self.group_size
@@ -387,7 +467,7 @@ impl Plan {
 
     /// Bytes of one message carrying `len` elements (codes, then scales).
     pub fn message_len(&self, len: usize) -> usize {
-        len + len / self.block() * self.scale_type().bytes()
+        len * self.config.format.bits() / 8 + len / self.block() * self.scale_type().bytes()
     }
 
     /// The directions the lanes travel, in lane order (one or both).
@@ -554,6 +634,7 @@ mod tests {
             rotation: Rotation::None,
             block: 64,
             scale_type: ScaleType::Bf16,
+            format: QuantFormat::Int8,
             pipeline_depth: 1,
             bidirectional: true,
             gather: GatherForm::AllGather,

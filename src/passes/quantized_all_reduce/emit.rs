@@ -19,8 +19,10 @@ use super::groups::{IdSpace, Participants};
 use crate::ir::builder::{Builder, Value};
 use crate::ir::shape;
 use crate::ir::{CompId, InstrId};
-use crate::numerics::{INV_QMAX, QMAX, hadamard_norm, hadamard_sign, scale_mantissa_bits};
-use crate::plan::{Axis, Collective, Form, GatherForm, Lane, Phase, Plan, Rotation, ScaleType};
+use crate::numerics::{hadamard_norm, hadamard_sign, inv_qmax, scale_mantissa_bits};
+use crate::plan::{
+    Axis, Collective, Form, GatherForm, Lane, Phase, Plan, QuantFormat, Rotation, ScaleType,
+};
 use crate::proto::precision_config::Precision;
 use crate::proto::{PrimitiveType, ShapeProto};
 
@@ -113,6 +115,7 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
 enum Const {
     F32(u32),
     S32(i32),
+    S8(i8),
 }
 
 /// The step a repeated op belongs to: a constant when unrolled; in a loop
@@ -180,6 +183,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let v = match c {
             Const::F32(bits) => self.b.f32_scalar(f32::from_bits(bits)),
             Const::S32(v) => self.b.s32_scalar(v),
+            Const::S8(v) => self.b.s8_scalar(v),
         };
         self.consts.insert(c, v.clone());
         v
@@ -363,15 +367,17 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
 
     // ---- quantize and dequantize
 
-    /// f32 `[nb, B]` blocks → s8 `[nb, B + scale bytes]` messages.
+    /// f32 `[nb, B]` blocks → s8 `[nb, code bytes + scale bytes]`
+    /// messages (code bytes: B, or B/2 for int4).
     fn quantize(&mut self, blocks: &Value) -> Value {
-        let nb = dim(&blocks, 0);
+        let nb = dim(blocks, 0);
         let bl = self.plan().block() as i64;
+        let format = self.plan().config.format;
         // The reducer counts a NaN or Inf as an infinite magnitude (see
         // `magnitude_reducer`).
         let zero = self.f32c(0.0);
         let absmax = self.b.reduce(blocks, &zero, &[1], self.inputs.max_f32);
-        let inv = self.splat(Const::F32(INV_QMAX.to_bits()), &[nb]);
+        let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
         // The scale that travels, kept in f32: codes are computed against
         // it, so codes and scale agree (see crate::numerics).
@@ -390,13 +396,77 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let recip = self.b.divide(&ones, &scale);
         let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
         let ratio = self.b.multiply(blocks, &recip);
-        let rounded = self.b.unary("round-nearest-even", &ratio);
-        let lo = self.f32c(-QMAX);
-        let hi = self.f32c(QMAX);
-        let clamped = self.b.clamp(&lo, &rounded, &hi);
-        let codes = self.b.convert(&clamped, PrimitiveType::S8);
+        let lo = self.f32c(-format.qmax());
+        let hi = self.f32c(format.qmax());
+        let codes = match float_type(format) {
+            // Integers: round to nearest even, clamp, s8 (int4: two to a
+            // byte).
+            None => {
+                let rounded = self.b.unary("round-nearest-even", &ratio);
+                let clamped = self.b.clamp(&lo, &rounded, &hi);
+                let codes = self.b.convert(&clamped, PrimitiveType::S8);
+                if format == QuantFormat::Int4 {
+                    self.pack_int4(&codes)
+                } else {
+                    codes
+                }
+            }
+            // fp8: clamp (the format has no room above its largest value),
+            // the convert's own rounding, the bits as s8.
+            Some(ty) => {
+                let clamped = self.b.clamp(&lo, &ratio, &hi);
+                let codes = self.b.convert(&clamped, ty);
+                self.b.bitcast_convert(&codes, PrimitiveType::S8)
+            }
+        };
         let scale_bytes = self.pack_scales(&scale, nb);
         self.b.concatenate(&[codes, scale_bytes], 1)
+    }
+
+    /// s8 `[nb, B]` codes in [-7, 7] → s8 `[nb, B/2]`, two to a byte: code
+    /// 2k in the low nibble, code 2k+1 in the high one.
+    fn pack_int4(&mut self, codes: &Value) -> Value {
+        let (nb, bl) = (dim(codes, 0), dim(codes, 1));
+        let pairs = self.b.reshape(codes, &[nb, bl / 2, 2]);
+        let low = self.b.slice(&pairs, &[0, 0, 0], &[nb, bl / 2, 1]);
+        let high = self.b.slice(&pairs, &[0, 0, 1], &[nb, bl / 2, 2]);
+        let mask = self.splat(Const::S8(0x0f), &[nb, bl / 2, 1]);
+        let four = self.splat(Const::S8(4), &[nb, bl / 2, 1]);
+        let low = self.b.binary("and", &low, &mask);
+        let high = self.b.binary("shift-left", &high, &four);
+        let byte = self.b.binary("or", &low, &high);
+        self.b.reshape(&byte, &[nb, bl / 2])
+    }
+
+    /// The inverse of [`Self::pack_int4`]: s8 `[nb, B/2]` → s8 `[nb, B]`,
+    /// each nibble sign-extended by arithmetic shifts.
+    fn unpack_int4(&mut self, bytes: &Value) -> Value {
+        let (nb, half) = (dim(bytes, 0), dim(bytes, 1));
+        let four = self.splat(Const::S8(4), &[nb, half]);
+        let up = self.b.binary("shift-left", bytes, &four);
+        let low = self.b.binary("shift-right-arithmetic", &up, &four);
+        let high = self.b.binary("shift-right-arithmetic", bytes, &four);
+        let low = self.b.reshape(&low, &[nb, half, 1]);
+        let high = self.b.reshape(&high, &[nb, half, 1]);
+        let pairs = self.b.concatenate(&[low, high], 2);
+        self.b.reshape(&pairs, &[nb, 2 * half])
+    }
+
+    /// The codes of a message (s8 `[nb, code bytes]`) as the f32 values
+    /// they stand for.
+    fn code_values(&mut self, codes: &Value) -> Value {
+        let format = self.plan().config.format;
+        match float_type(format) {
+            None if format == QuantFormat::Int4 => {
+                let codes = self.unpack_int4(codes);
+                self.b.convert(&codes, PrimitiveType::F32)
+            }
+            None => self.b.convert(codes, PrimitiveType::F32),
+            Some(ty) => {
+                let floats = self.b.bitcast_convert(codes, ty);
+                self.b.convert(&floats, PrimitiveType::F32)
+            }
+        }
     }
 
     /// Right-shift amounts that bring each wire byte of a scale's f32 bits
@@ -443,22 +513,25 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         self.b.bitcast_convert(&bits, PrimitiveType::F32)
     }
 
-    /// s8 `[nb, B + width]` messages → their codes (s8 `[nb, B]`) and
-    /// scales (f32 `[nb]`).
+    /// s8 `[nb, code bytes + width]` messages → their codes as f32 values
+    /// (`[nb, B]`) and scales (f32 `[nb]`).
     fn split(&mut self, message: &Value) -> (Value, Value) {
-        let nb = dim(&message, 0);
-        let bl = self.plan().block() as i64;
-        let width = self.plan().scale_type().bytes() as i64;
-        let codes = self.b.slice(message, &[0, 0], &[nb, bl]);
-        let bytes = self.b.slice(message, &[0, bl], &[nb, bl + width]);
+        let nb = dim(message, 0);
+        let plan = self.plan();
+        let code_bytes = (plan.block() * plan.config.format.bits() / 8) as i64;
+        let width = plan.scale_type().bytes() as i64;
+        let codes = self.b.slice(message, &[0, 0], &[nb, code_bytes]);
+        let bytes = self
+            .b
+            .slice(message, &[0, code_bytes], &[nb, code_bytes + width]);
+        let codes = self.code_values(&codes);
         (codes, self.unpack_scales(&bytes))
     }
 
-    /// s8 `[nb, B + width]` messages → f32 `[nb, B]` values.
+    /// s8 messages → f32 `[nb, B]` values.
     fn dequantize(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (dim(&message, 0), self.plan().block() as i64);
+        let (nb, bl) = (dim(message, 0), self.plan().block() as i64);
         let (codes, scale) = self.split(message);
-        let codes = self.b.convert(&codes, PrimitiveType::F32);
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
         self.b.multiply(&codes, &scale)
     }
@@ -466,9 +539,8 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     /// Messages of rotated blocks → the values rotated back:
     /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
     fn dequantize_rotated(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (dim(&message, 0), self.plan().block() as i64);
+        let (nb, bl) = (dim(message, 0), self.plan().block() as i64);
         let (codes, scale) = self.split(message);
-        let codes = self.b.convert(&codes, PrimitiveType::F32);
         let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
         let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
@@ -1007,6 +1079,15 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         (1..=state.len())
             .map(|k| self.b.get_tuple_element(&done, k as i64))
             .collect()
+    }
+}
+
+/// The XLA type of a float code format; `None` for integers.
+fn float_type(format: QuantFormat) -> Option<PrimitiveType> {
+    match format {
+        QuantFormat::Fp8E4m3 => Some(PrimitiveType::F8e4m3fn),
+        QuantFormat::Fp8E5m2 => Some(PrimitiveType::F8e5m2),
+        QuantFormat::Int8 | QuantFormat::Int4 => None,
     }
 }
 

@@ -53,7 +53,7 @@ pub use crate::numerics::ScaleType;
 use crate::numerics::error::predicted_rel_rms;
 use crate::numerics::simulate::balanced_grid;
 use crate::plan::{Algorithm, Collective, Config, Plan, PlanError, baseline_wire_bytes};
-pub use crate::plan::{Form, GatherForm, Rotation};
+pub use crate::plan::{Form, GatherForm, QuantFormat, Rotation};
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
 /// Which reduce algorithm `--algorithm` asks for.
@@ -159,6 +159,8 @@ pub struct Options {
     /// Element types that are quantized.
     pub element_types: Vec<PrimitiveType>,
     pub scale_type: ScaleType,
+    /// What a code is: int8 (the default), fp8 e4m3 / e5m2, or int4.
+    pub quant_format: QuantFormat,
     pub gather: GatherForm,
     /// Outline the quantize / dequantize chains into loop fusions.
     pub fuse: FuseMode,
@@ -182,6 +184,7 @@ impl Default for Options {
             topology: Topology::parse(DEFAULT_TOPOLOGY).unwrap_or_else(|e| unreachable!("{e}")),
             element_types: vec![PrimitiveType::Bf16],
             scale_type: ScaleType::Bf16,
+            quant_format: QuantFormat::Int8,
             gather: GatherForm::AllGather,
             fuse: FuseMode::Auto,
             algorithm: AlgorithmOption::Auto,
@@ -232,6 +235,12 @@ impl Options {
         if self.rotation == RotationOption::Hadamard && !self.block_size.is_power_of_two() {
             return Err(format!(
                 "--rotation hadamard needs a power-of-two block size, not {}",
+                self.block_size
+            ));
+        }
+        if self.quant_format == QuantFormat::Int4 && self.block_size % 2 != 0 {
+            return Err(format!(
+                "int4 codes pack two to a byte: the block size must be even, not {}",
                 self.block_size
             ));
         }
@@ -553,10 +562,16 @@ fn configurations(p: usize, options: &Options) -> Vec<Config> {
             .flatten()
             .collect(),
     };
+    // Rotation evens out a block's magnitudes: it helps an integer code,
+    // whose step follows the block's largest value, and hurts a float
+    // code, which would otherwise hold that largest value exactly.
     let rotations: &[Rotation] = match options.rotation {
         RotationOption::None => &[Rotation::None],
         RotationOption::Hadamard => &[Rotation::Hadamard],
-        RotationOption::Auto if options.block_size.is_power_of_two() => {
+        RotationOption::Auto
+            if options.block_size.is_power_of_two()
+                && options.quant_format.mantissa_bits().is_none() =>
+        {
             &[Rotation::None, Rotation::Hadamard]
         }
         RotationOption::Auto => &[Rotation::None],
@@ -569,6 +584,7 @@ fn configurations(p: usize, options: &Options) -> Vec<Config> {
                 rotation,
                 block: options.block_size,
                 scale_type: options.scale_type,
+                format: options.quant_format,
                 pipeline_depth: options.pipeline_depth,
                 bidirectional: options.bidirectional,
                 gather: options.gather,
