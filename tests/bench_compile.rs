@@ -124,6 +124,8 @@ fn compile_benchmark_runs_one_layer() {
 
         let t_orig = positive(&r["compile_original"]["times"][0], "original compile s");
         let t_rw = positive(&r["compile_rewrite"]["times"][0], "rewrite compile s");
+        let cpu_orig = positive(&r["compile_original"]["cpu_times"][0], "original CPU s");
+        let cpu_rw = positive(&r["compile_rewrite"]["cpu_times"][0], "rewrite CPU s");
         assert_eq!(r["compile_rewrite"]["timed_out"], false, "{r}");
         let rewrite_s = positive(&r["pass"]["rewrite_s"][0], "rewrite s");
         let de_s = positive(&r["pass"]["decode_encode_output_s"][0], "decode+encode s");
@@ -135,10 +137,13 @@ fn compile_benchmark_runs_one_layer() {
         assert_eq!(c[2], format!("{t_orig:.2}"), "{c:?}");
         assert_eq!(c[3], format!("{t_rw:.2}"), "{c:?}");
         assert_eq!(c[4], format!("{:.1}x", t_rw / t_orig), "{c:?}");
-        assert_eq!(c[5], before.to_string());
-        assert_eq!(c[6], after.to_string());
-        assert_eq!(c[7], "2/2");
-        assert_eq!(c[8], format!("{per:.0}"));
+        assert_eq!(c[5], format!("{cpu_orig:.2}"), "{c:?}");
+        assert_eq!(c[6], format!("{cpu_rw:.2}"), "{c:?}");
+        assert_eq!(c[7], format!("{:.1}x", cpu_rw / cpu_orig), "{c:?}");
+        assert_eq!(c[8], before.to_string());
+        assert_eq!(c[9], after.to_string());
+        assert_eq!(c[10], "2/2");
+        assert_eq!(c[11], format!("{per:.0}"));
         let p = &pass[i];
         assert_eq!(p[1], variant);
         assert_eq!(p[2], format!("{:.1}", rewrite_s * 1e3), "{p:?}");

@@ -313,8 +313,9 @@ def time_pass(bench, module, expect, flags, runs, timeout):
 # ------------------------------------------------------------------ compiling
 
 def compile_rounds(modules, runs, timeout):
-    """modules: {key: path}. Returns {key: {"times": [s, ...], "timed_out": bool}}."""
-    out = {k: {"times": [], "timed_out": False} for k in modules}
+    """modules: {key: path}. Returns {key: {"times": [wall s, ...], "cpu_times":
+    [CPU s of all threads, ...], "timed_out": bool}}."""
+    out = {k: {"times": [], "cpu_times": [], "timed_out": False} for k in modules}
     keys = list(modules)
     warm = {"kind": "compile", "module": WARMUP_MODULE, "num_partitions": NDEV,
             "num_replicas": 1, "timeout_s": 300}
@@ -332,7 +333,9 @@ def compile_rounds(modules, runs, timeout):
             for i, (k, rr) in enumerate(zip(pending, res[1:])):
                 if rr.get("ok"):
                     out[k]["times"].append(rr["compile_s"])
-                    log("round %d/%d: %s compiled in %.2f s" % (r + 1, runs, k, rr["compile_s"]))
+                    out[k]["cpu_times"].append(rr["compile_cpu_s"])
+                    log("round %d/%d: %s compiled in %.2f s (CPU %.2f s)"
+                        % (r + 1, runs, k, rr["compile_s"], rr["compile_cpu_s"]))
                     continue
                 if rr.get("crashed") and "timed out" in rr.get("error", ""):
                     out[k]["timed_out"] = True
@@ -348,19 +351,19 @@ def compile_rounds(modules, runs, timeout):
 
 # ------------------------------------------------------------------ output
 
-def fmt_s(c, timeout):
+def fmt_s(c, timeout, key="times"):
     if c["timed_out"]:
-        return "> %.0f" % timeout
-    return "%.2f" % statistics.median(c["times"])
+        return "> %.0f" % timeout if key == "times" else "-"
+    return "%.2f" % statistics.median(c[key])
 
 
-def fmt_ratio(orig, rw, timeout):
+def fmt_ratio(orig, rw, timeout, key="times"):
     if orig["timed_out"]:
         return "-"
-    o = statistics.median(orig["times"])
+    o = statistics.median(orig[key])
     if rw["timed_out"]:
-        return "> %.1fx" % (timeout / o)
-    return "%.1fx" % (statistics.median(rw["times"]) / o)
+        return "> %.1fx" % (timeout / o) if key == "times" else "-"
+    return "%.1fx" % (statistics.median(rw[key]) / o)
 
 
 def markdown(headers, rows):
@@ -443,19 +446,21 @@ def run(a):
           "%.0f s in all" % (results["commit"], results["date"], a.profile, os.cpu_count(),
                              load0[0], results["load_average"]["end"][0], results["wall_s"]))
     print()
-    print("compile: median of %d runs (MLIR conversion + compile_and_load); instructions over "
-          "every computation" % a.runs)
+    print("compile: median of %d runs (MLIR conversion + compile_and_load; wall clock, and CPU "
+          "time of all threads); instructions over every computation" % a.runs)
     print()
     t = []
     for r in results["rows"]:
         per = r["instructions_per_rewritten"]
-        t.append([str(r["layers"]), r["variant"], fmt_s(r["compile_original"], a.timeout),
-                  fmt_s(r["compile_rewrite"], a.timeout),
-                  fmt_ratio(r["compile_original"], r["compile_rewrite"], a.timeout),
+        co, cr = r["compile_original"], r["compile_rewrite"]
+        t.append([str(r["layers"]), r["variant"], fmt_s(co, a.timeout), fmt_s(cr, a.timeout),
+                  fmt_ratio(co, cr, a.timeout), fmt_s(co, a.timeout, "cpu_times"),
+                  fmt_s(cr, a.timeout, "cpu_times"), fmt_ratio(co, cr, a.timeout, "cpu_times"),
                   str(r["instructions_before"]), str(r["instructions_after"]),
                   "%d/%d" % (r["rewritten"], r["all_reduces"]),
                   "-" if per is None else "%.0f" % per])
-    print(markdown(["layers", "variant", "original s", "rewrite s", "ratio", "instr original",
+    print(markdown(["layers", "variant", "original s", "rewrite s", "ratio", "original cpu s",
+                    "rewrite cpu s", "cpu ratio", "instr original",
                     "instr rewrite", "rewritten", "instr/rewritten"], t))
     if bench:
         print()
