@@ -77,7 +77,8 @@ def parse_args(argv):
     ap.add_argument("--variant", action="append", metavar="FLAGS",
                     help="`equarx rewrite` flags of one variant, in one string; `default` (or "
                          "'') for none; repeat to compare variants side by side (default: "
-                         "one variant, `default`). `--min-payload 0` is added unless given")
+                         "one variant, `default`). `--min-payload 0` is added unless given. "
+                         "A single flag without a value needs the = form: --variant=--unroll")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds one compile may take before it is killed and shown as "
                          "'> T' (default 600)")
