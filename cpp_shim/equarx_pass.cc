@@ -2,6 +2,7 @@
 #include "equarx_pass.h"
 
 #include <climits>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,28 +21,34 @@
 namespace equarx {
 namespace {
 
-bridge::PassOptions ToBridge(const EquarxPassOptions& o,
-                             const xla::HloModuleConfig& config) {
-  bridge::PassOptions b = bridge::default_pass_options();
-  b.block_size = static_cast<uint64_t>(o.block_size);
-  b.pipeline_depth = static_cast<uint64_t>(o.pipeline_depth);
-  b.bidirectional = o.bidirectional;
-  b.min_payload_bytes = o.min_payload_bytes;
-  b.topology = rust::String(o.topology);
-  b.element_types.clear();
-  for (xla::PrimitiveType t : o.element_types) {
-    b.element_types.push_back(static_cast<int32_t>(t));
+std::vector<bridge::OptionValue> ToBridge(const EquarxPassOptions& o) {
+  std::vector<bridge::OptionValue> pairs;
+  pairs.reserve(o.values().size());
+  for (const auto& [name, value] : o.values()) {
+    // Lossy: text that is not UTF-8 reaches equarx (and its message) with
+    // U+FFFD instead of aborting the process.
+    pairs.push_back(bridge::OptionValue{rust::String::lossy(name),
+                                        rust::String::lossy(value)});
   }
-  b.bf16_scales = o.scale_type == EquarxPassOptions::ScaleType::kBf16;
-  b.gather_with_collective_permutes =
-      o.gather == EquarxPassOptions::Gather::kCollectivePermutes;
-  // XLA knows the counts; the proto alone does not carry them.
-  b.replica_count = config.replica_count();
-  b.num_partitions = config.num_partitions();
-  return b;
+  return pairs;
 }
 
 }  // namespace
+
+EquarxPassOptions& EquarxPassOptions::Set(absl::string_view name,
+                                          absl::string_view value) {
+  values_.emplace_back(std::string(name), std::string(value));
+  return *this;
+}
+
+absl::Status EquarxPassOptions::Check() const {
+  std::vector<bridge::OptionValue> pairs = ToBridge(*this);
+  rust::String error = bridge::check_options(
+      rust::Slice<const bridge::OptionValue>(pairs.data(), pairs.size()));
+  if (error.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("equarx: ", std::string(error)));
+}
 
 absl::StatusOr<bool> EquarxPass::RunImpl(
     xla::HloModule* module,
@@ -51,21 +58,19 @@ absl::StatusOr<bool> EquarxPass::RunImpl(
       !execution_threads.contains(xla::HloInstruction::kMainExecutionThread)) {
     return false;
   }
-  // Negative sizes cannot cross as the bridge's unsigned fields; every
-  // other check is equarx's own (its message comes back below).
-  if (options_.block_size < 0 || options_.pipeline_depth < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name(), ": block_size and pipeline_depth must not be negative"));
-  }
   std::string bytes;
   if (!module->ToProto().SerializeToString(&bytes)) {
     return absl::InternalError(
         absl::StrCat(name(), ": cannot serialize module ", module->name()));
   }
+  // Every check of the options is equarx's own (its message comes back
+  // below). XLA knows the counts; the proto alone does not carry them.
+  std::vector<bridge::OptionValue> pairs = ToBridge(options_);
   bridge::RewriteResult result = bridge::rewrite_module(
       rust::Slice<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
                                  bytes.size()),
-      ToBridge(options_, module->config()));
+      rust::Slice<const bridge::OptionValue>(pairs.data(), pairs.size()),
+      module->config().replica_count(), module->config().num_partitions());
   if (!result.ok) {
     std::string message = absl::StrCat(name(), " on module ", module->name(),
                                        ": ", std::string(result.error));

@@ -28,43 +28,58 @@
 #ifndef EQUARX_CPP_SHIM_EQUARX_PASS_H_
 #define EQUARX_CPP_SHIM_EQUARX_PASS_H_
 
-#include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "xla/hlo/ir/hlo_module.h"
 #include "xla/hlo/pass/hlo_pass_interface.h"
-#include "xla/xla_data.pb.h"
 
 namespace equarx {
 
-// The pass's knobs; the defaults are the Rust library's.
-struct EquarxPassOptions {
-  enum class ScaleType { kF32, kBf16 };
-  enum class Gather { kAllGather, kCollectivePermutes };
+// The pass's options, as names and values in equarx's one option list
+// (src/options.rs; `equarx rewrite --help`, the README's "Options" and
+// cpp_shim/README.md list them). A value is written as on equarx's command
+// line: `--block-size 32` is Set("block_size", 32), `--types bf16,f32` is
+// Set("types", "bf16,f32"). Options not set keep equarx's defaults;
+// replica and partition counts come from the module's HloModuleConfig
+// unless set here. equarx checks everything (names, values, ranges) with
+// the same messages as its other doors: at Check(), or when the pass runs.
+//
+//   equarx::EquarxPassOptions options;
+//   options.Set("min_payload_bytes", "1MiB").Set("types", "bf16,f32");
+//   pipeline.AddPass<equarx::EquarxPass>(options);
+class EquarxPassOptions {
+ public:
+  EquarxPassOptions& Set(absl::string_view name, absl::string_view value);
+  EquarxPassOptions& Set(absl::string_view name, const char* value) {
+    return Set(name, absl::string_view(value));
+  }
+  EquarxPassOptions& Set(absl::string_view name, bool value) {
+    return Set(name, absl::string_view(value ? "true" : "false"));
+  }
+  template <typename Int,
+            std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>,
+                             int> = 0>
+  EquarxPassOptions& Set(absl::string_view name, Int value) {
+    return Set(name, absl::string_view(std::to_string(value)));
+  }
 
-  // Elements per quantization block (one scale per block).
-  int64_t block_size = 64;
-  // Independent sub-chunk chains per ring direction, so the scheduler can
-  // overlap one chain's transfer with another's quantize and add.
-  int64_t pipeline_depth = 2;
-  // Send half of every chunk each way round the ring.
-  bool bidirectional = true;
-  // All-reduces with a smaller payload (bytes, in their own type) stay.
-  // Negative: equarx's cost model decides, for `topology`.
-  int64_t min_payload_bytes = -1;
-  // The machine the cost model predicts for: v5e, v6e, v5p, h100, h200,
-  // optionally with a slice shape (v5e:4x4).
-  std::string topology = "v5e";
-  // Element types that are quantized. XLA:CPU promotes bf16 all-reduces to
-  // f32 before scheduling; add xla::F32 there.
-  std::vector<xla::PrimitiveType> element_types = {xla::BF16};
-  ScaleType scale_type = ScaleType::kBf16;
-  Gather gather = Gather::kAllGather;
+  // OK, or InvalidArgument with equarx's message.
+  absl::Status Check() const;
+
+  // What was set, in order.
+  const std::vector<std::pair<std::string, std::string>>& values() const {
+    return values_;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> values_;
 };
 
 class EquarxPass : public xla::HloModulePass {

@@ -66,12 +66,9 @@ pub enum FormatError {
     Text(String),
 }
 
-/// The device counts a module runs with, where the input says.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceCounts {
-    pub replica_count: Option<i64>,
-    pub num_partitions: Option<i64>,
-}
+/// Where a decoded module's counts live; re-exported for callers of
+/// [`decode`].
+pub use crate::ir::devices::DeviceCounts;
 
 /// A decoded input: the module plus what is needed to write it back in the
 /// same container.

@@ -6,26 +6,32 @@
 //! The front doors (CLI, C ABI, cxx bridge, Python) all call [`rewrite`].
 
 pub mod analyze;
+pub mod charts;
 pub mod cost;
 pub mod ffi;
 pub mod io;
 pub mod ir;
 pub mod numerics;
+pub mod options;
 pub mod passes;
+pub mod plan;
 pub mod plot;
 pub mod proto;
 pub mod text;
 pub mod verify;
 
-pub use io::DeviceCounts;
-pub use passes::quantized_all_reduce::{FuseMode, GatherForm, OpReport, Options, ScaleType};
+pub use ir::DeviceCounts;
+pub use passes::quantized_all_reduce::{
+    AlgorithmOption, FuseMode, GatherForm, OpReport, Options, RotationOption, ScaleType,
+};
 
 use passes::quantized_all_reduce::QuantizedAllReduce;
 use passes::{Pass, PassRun, Pipeline, PipelineError};
 use proto::HloModuleProto;
 
-/// Everything [`rewrite`] needs besides the module.
-#[derive(Clone, Debug, Default)]
+/// Everything [`rewrite`] needs besides the module. The doors build it
+/// from [`options::OPTIONS`], the one list of options.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RewriteOptions {
     pub pass: Options,
     /// Replica / partition counts; a set value overrides what the module says.

@@ -1,7 +1,10 @@
 //! The C++ door against real XLA: `cpp_shim/equarx_pass.cc` (an
 //! `xla::HloModulePass` calling equarx through the cxx bridge) runs inside
 //! an `xla::HloPassPipeline` with `xla::HloVerifier` as invariant checker,
-//! over the fixtures.
+//! over the fixtures. Every option of equarx's one list (`src/options.rs`)
+//! goes through `EquarxPassOptions::Set` too: its example is accepted, its
+//! refused value and an unknown name fail the pipeline (and `Check()`) with
+//! the library's own message.
 //!
 //! XLA comes from the tensorflow-cpu 2.21.0 wheel (its C++ headers and
 //! `libtensorflow_cc.so.2`), fetched and unpacked under `target/` by
@@ -184,71 +187,111 @@ fn link(tf: &Path, objs: &[PathBuf]) -> PathBuf {
 struct Case {
     fixture: &'static str,
     expect: &'static str,
-    options: &'static str,
+    /// `NAME=VALUE;...`, handed to `EquarxPassOptions::Set` as they are.
+    options: String,
+    /// For `error`: the message equarx's status must carry.
+    message: Option<String>,
 }
 
-const CASES: &[Case] = &[
-    // The eligible modules the issue names, with the small-payload options.
+fn case(fixture: &'static str, expect: &'static str, options: &str) -> Case {
     Case {
-        fixture: "psum_bf16_p8.pb",
-        expect: "changed",
-        options: "min_payload=0,depth=1",
-    },
-    Case {
-        fixture: "tp_block_spmd.pb",
-        expect: "changed",
-        options: "min_payload=0,depth=1",
-    },
-    // Other group encodings and placements.
-    Case {
-        fixture: "tp_block_shmap_spmd.pb",
-        expect: "changed",
-        options: "min_payload=0,depth=4,block=64",
-    },
-    Case {
-        fixture: "scan_psum.pb",
-        expect: "changed",
-        options: "min_payload=0",
-    },
-    Case {
-        fixture: "mesh_axes_bf16_2x4.pb",
-        expect: "changed",
-        options: "min_payload=0,bidirectional=1",
-    },
-    Case {
-        fixture: "psum_bf16_2x4_strided.pb",
-        expect: "changed",
-        options: "min_payload=0,permute_gather=1",
-    },
-    // Scheduled, fused modules after XLA:CPU's optimizations (f32 promoted).
-    Case {
-        fixture: "tp_block_after_opt.pb",
-        expect: "changed",
-        options: "min_payload=0,types=bf16+f32",
-    },
-    Case {
-        fixture: "psum_tuple_p8.pb",
-        expect: "changed",
-        options: "min_payload=0,types=bf16+f32",
-    },
-    // Negative twins: an f32 all-reduce with only bf16 enabled, a payload
-    // under the default 1 MiB threshold, and options the pass refuses.
-    Case {
-        fixture: "psum_f32_p8.pb",
-        expect: "unchanged",
-        options: "min_payload=0,types=bf16",
-    },
-    Case {
-        fixture: "psum_bf16_p8.pb",
-        expect: "unchanged",
-        options: "",
-    },
-    Case {
-        fixture: "psum_bf16_p8.pb",
-        expect: "error",
-        options: "block=0",
-    },
-];
+        fixture,
+        expect,
+        options: options.to_string(),
+        message: None,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = vec![
+        // The eligible modules the issue names, with the small-payload options.
+        case(
+            "psum_bf16_p8.pb",
+            "changed",
+            "min_payload_bytes=0;pipeline_depth=1",
+        ),
+        case(
+            "tp_block_spmd.pb",
+            "changed",
+            "min_payload_bytes=0;pipeline_depth=1",
+        ),
+        // Other group encodings and placements.
+        case(
+            "tp_block_shmap_spmd.pb",
+            "changed",
+            "min_payload_bytes=0;pipeline_depth=4;block_size=64",
+        ),
+        case("scan_psum.pb", "changed", "min_payload_bytes=0"),
+        case(
+            "mesh_axes_bf16_2x4.pb",
+            "changed",
+            "min_payload_bytes=0;bidirectional=true",
+        ),
+        case(
+            "psum_bf16_2x4_strided.pb",
+            "changed",
+            "min_payload_bytes=0;gather=permute",
+        ),
+        // Scheduled, fused modules after XLA:CPU's optimizations (f32 promoted).
+        case(
+            "tp_block_after_opt.pb",
+            "changed",
+            "min_payload_bytes=0;types=bf16,f32",
+        ),
+        case(
+            "psum_tuple_p8.pb",
+            "changed",
+            "min_payload_bytes=0;types=bf16,f32",
+        ),
+        // Negative twins: an f32 all-reduce with only bf16 enabled, a payload
+        // the cost model does not find worth it, and options the pass refuses.
+        case(
+            "psum_f32_p8.pb",
+            "unchanged",
+            "min_payload_bytes=0;types=bf16",
+        ),
+        case("psum_bf16_p8.pb", "unchanged", ""),
+        Case {
+            message: Some("block size must be in 1..=".into()),
+            ..case("psum_bf16_p8.pb", "error", "block_size=0")
+        },
+    ];
+    // Every option of equarx's one list (src/options.rs): its example is
+    // accepted, its refused value fails the pipeline with the message the
+    // library gives, and so does a name that is no option.
+    let library_error = |name: &str, value: &str| {
+        equarx::options::from_pairs([(name, value)]).expect_err("refused by the library")
+    };
+    for o in equarx::options::OPTIONS {
+        // A threshold of 0 makes the cost model's verdict irrelevant.
+        let base = if o.name == "min_payload_bytes" {
+            ""
+        } else {
+            "min_payload_bytes=0;"
+        };
+        v.push(case(
+            "psum_bf16_p8.pb",
+            "ok",
+            &format!("{base}{}={}", o.name, o.example),
+        ));
+        if let Some((value, _)) = o.refused {
+            v.push(Case {
+                message: Some(library_error(o.name, value)),
+                ..case("psum_bf16_p8.pb", "error", &format!("{}={value}", o.name))
+            });
+        }
+    }
+    let every: Vec<String> = equarx::options::OPTIONS
+        .iter()
+        .map(|o| format!("{}={}", o.name, o.example))
+        .collect();
+    v.push(case("psum_bf16_p8.pb", "ok", &every.join(";")));
+    v.push(Case {
+        message: Some(library_error("blok_size", "64")),
+        ..case("psum_bf16_p8.pb", "error", "blok_size=64")
+    });
+    v
+}
 
 #[test]
 fn equarx_pass_runs_in_a_real_xla_pipeline() {
@@ -256,7 +299,8 @@ fn equarx_pass_runs_in_a_real_xla_pipeline() {
     let objs = objects(&tf);
     let exe = link(&tf, &objs);
     let fixtures = repo().join("tests/fixtures");
-    let args: Vec<String> = CASES
+    let cases = cases();
+    let args: Vec<String> = cases
         .iter()
         .map(|c| {
             format!(
@@ -280,12 +324,12 @@ fn equarx_pass_runs_in_a_real_xla_pipeline() {
         .collect();
     assert_eq!(
         results.len(),
-        CASES.len(),
+        cases.len(),
         "one result per case (exit {:?}):\n{stdout}\n{stderr}",
         out.status
     );
     let mut failures = Vec::new();
-    for (case, r) in CASES.iter().zip(&results) {
+    for (case, r) in cases.iter().zip(&results) {
         let summary = format!(
             "{:<28} {:<9} {:<32} changed={} verifier={} s8-collective-permutes={} all-reduces {}->{} schedule={} {}",
             case.fixture,
@@ -303,12 +347,22 @@ fn equarx_pass_runs_in_a_real_xla_pipeline() {
         if r["ok"] != Value::Bool(true) {
             failures.push(format!("{summary}: {}", r["problem"]));
         }
-        if case.expect == "error" {
+        if let Some(message) = &case.message {
             let status = r["status"].as_str().unwrap_or("");
-            assert!(
-                status.contains("block size must be in 1..="),
-                "equarx's own message reaches XLA's status: {summary}"
-            );
+            if !status.contains(message.as_str()) {
+                failures.push(format!(
+                    "{summary}: the status lacks equarx's message {message:?}"
+                ));
+            }
+            // Check() answers as Run does.
+            let check = r["check"].as_str().unwrap_or("");
+            if !check.contains(message.as_str()) {
+                failures.push(format!(
+                    "{summary}: Check() said {check:?}, not {message:?}"
+                ));
+            }
+        } else if r["check"] != Value::String("ok".into()) {
+            failures.push(format!("{summary}: Check() refused: {}", r["check"]));
         }
         if case.expect == "changed" {
             assert_eq!(r["config_kept"], Value::Bool(true), "{summary}");

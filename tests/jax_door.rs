@@ -115,5 +115,25 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         "register_native on a plugin without the extension: {}",
         r["native"]
     );
+
+    // Huge finite activations (past 1e19) keep every device's bits equal,
+    // with the pass's default options.
+    let huge = &r["huge_activations"];
+    for run in ["plain", "equarx"] {
+        let h = &huge[run];
+        assert_eq!(h["finite"], true, "{run}: {h}");
+        assert!(
+            h["absmax"].as_f64().unwrap_or(0.0) > 1e19,
+            "{run}: the activations reach the huge regime: {h}"
+        );
+        assert_eq!(
+            h["devices_bit_identical"], true,
+            "{run}: every device holds the same bits: {h}"
+        );
+    }
+    assert_eq!(
+        huge["equarx"]["rewritten"], 1,
+        "the psum in the scan body is rewritten: {huge}"
+    );
     assert!(out.status.success(), "{}\n{tail}", out.status);
 }

@@ -281,14 +281,16 @@ fn wire_bytes_of_a_mib_or_more_nearly_halve() {
             );
             // The report counts the emitted collectives; check it against
             // the module itself.
-            let permutes = r
+            let collectives = r
                 .module
                 .computations
                 .iter()
                 .flat_map(|c| &c.instructions)
-                .filter(|i| i.opcode == "collective-permute")
+                .filter(|i| {
+                    ["collective-permute", "all-gather", "all-to-all"].contains(&i.opcode.as_str())
+                })
                 .count();
-            assert_eq!(op.plan.as_ref().unwrap().collective_permutes, permutes);
+            assert_eq!(op.plan.as_ref().unwrap().collectives, collectives);
         }
     }
 }

@@ -13,7 +13,7 @@
 //!   P ≥ 2, payload over the minimum, fewer bytes on the wire);
 //! - every op not rewritten is untouched, and a module with nothing
 //!   rewritten comes back byte-identical;
-//! - the wire bytes in the report are `RingPlan::wire_bytes` of the plan the
+//! - the wire bytes in the report are `Plan::wire_bytes` of the plan the
 //!   oracle makes, the same as counted from the emitted collectives, and the
 //!   emitted collective-permutes stay inside the groups;
 //! - a second run gives the same bytes.
@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::random_modules::{Case, Mode, Ty, case};
 use common::{Rng, read_values, run_xla, scratch};
 use equarx::ir::shape;
-use equarx::passes::quantized_all_reduce::plan::ring_wire_bytes;
+use equarx::plan::{Phase, ring_wire_bytes};
 use equarx::proto::{HloInstructionProto, HloModuleProto};
 use equarx::{FuseMode, GatherForm, OpReport};
 use proptest::prelude::*;
@@ -50,6 +50,27 @@ fn by_name<'a>(m: &'a HloModuleProto, name: &str) -> Option<&'a HloInstructionPr
 }
 
 /// Bytes of an instruction's first operand (looked up in its computation).
+/// How often each `while` body of the module runs: the s32 constant its
+/// condition compares the counter with (equarx's loops count from 0).
+fn trip_counts(m: &HloModuleProto) -> BTreeMap<i64, u64> {
+    let mut trips = BTreeMap::new();
+    for i in instructions(m).filter(|i| i.opcode == "while") {
+        let (body, cond) = (i.called_computation_ids[0], i.called_computation_ids[1]);
+        let cond = m
+            .computations
+            .iter()
+            .find(|c| c.id == cond)
+            .expect("condition");
+        let bound = cond
+            .instructions
+            .iter()
+            .find_map(|i| i.literal.as_ref().and_then(|l| l.s32s.first().copied()))
+            .expect("a trip count constant");
+        trips.insert(body, bound as u64);
+    }
+    trips
+}
+
 fn operand_bytes(m: &HloModuleProto, i: &HloInstructionProto) -> u64 {
     let c = m
         .computations
@@ -120,14 +141,28 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     prop_assert_eq!(ar.wire_bytes_before, Some(ring_wire_bytes(p, payload)));
     prop_assert_eq!(ar.wire_bytes_after, Some(plan.wire_bytes()));
     let summary = ar.plan.as_ref().expect("a plan summary");
-    let lanes = plan.lanes.len();
-    let permute_gather = c.options.gather == GatherForm::Permute;
-    prop_assert_eq!(summary.lanes, lanes);
-    prop_assert_eq!(
-        summary.collective_permutes,
-        lanes * (p - 1) * if permute_gather { 2 } else { 1 }
-    );
-    prop_assert_eq!(summary.all_gathers, if permute_gather { 0 } else { lanes });
+    prop_assert_eq!(summary.lanes, plan.lanes.len());
+    prop_assert_eq!(summary.collective_steps, plan.collective_steps());
+    // Collective ops written: a loop's body once, unrolled every step.
+    let unrolled = c.options.unroll;
+    let written: u64 = plan
+        .phases
+        .iter()
+        .map(|ph| match ph {
+            Phase::Ring { axis } => {
+                plan.lanes.len() as u64 * if unrolled { axis.size as u64 - 1 } else { 1 }
+            }
+            Phase::Exchange { .. } => 1,
+            Phase::Gather => match plan.config.gather {
+                GatherForm::AllGather => 1,
+                GatherForm::Permute => {
+                    plan.directions().len() as u64 * if unrolled { p as u64 - 1 } else { 1 }
+                }
+            },
+        })
+        .sum();
+    prop_assert_eq!(summary.collectives as u64, written);
+    let trips = trip_counts(&r.module);
     let mut counted = 0u64;
     let groups = c.participant_groups().expect("expressible");
     let group_of: BTreeMap<i64, usize> = groups
@@ -142,10 +177,17 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             common::random_modules::Layout::Partitions
         )
     );
-    for i in instructions(&r.module) {
+    for (comp, i) in r
+        .module
+        .computations
+        .iter()
+        .flat_map(|c| c.instructions.iter().map(move |i| (c.id, i)))
+    {
+        let runs = trips.get(&comp).copied().unwrap_or(1);
         match i.opcode.as_str() {
+            "all-to-all" => counted += (p as u64 - 1) * operand_bytes(&r.module, i) / p as u64,
             "collective-permute" => {
-                counted += operand_bytes(&r.module, i);
+                counted += runs * operand_bytes(&r.module, i);
                 prop_assert_eq!(i.channel_id > 0, partition_space, "{}", &i.name);
                 let mut sources = BTreeSet::new();
                 for pair in &i.source_target_pairs {
@@ -443,14 +485,15 @@ fn six_random_cases_run_in_xla() {
                     den += e * e;
                 }
                 let measured = (num / den).sqrt();
-                let mut crest = equarx::numerics::error::measured_crest_sq(
-                    &exact.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                let exact_f32: Vec<f32> = exact.iter().map(|&x| x as f32).collect();
+                let crest = equarx::numerics::simulate::crest_seen(
+                    &packed,
+                    &exact_f32,
                     b,
+                    plan.config.rotation,
                 );
-                for v in &packed {
-                    crest = crest.max(equarx::numerics::error::measured_crest_sq(v, b));
-                }
-                let ring = equarx::numerics::error::ring_rel_rms(g.len(), crest);
+                let ring =
+                    equarx::numerics::error::quantization_rel_rms(plan.noise_weight(), crest);
                 let bits = if c.operands[0].ty == Ty::Bf16 { 7 } else { 23 };
                 let rounding = equarx::numerics::error::output_rounding_rel_rms(bits);
                 let bound = 1.25 * (ring * ring + rounding * rounding).sqrt();
@@ -463,7 +506,7 @@ fn six_random_cases_run_in_xla() {
             // Single operand: the simulator reproduces XLA bit for bit.
             if k_count == 1 {
                 let inputs: Vec<Vec<f32>> = g.iter().map(|&d| values[d][0].clone()).collect();
-                let sim = equarx::numerics::simulate::quantized_ring(&inputs, &plan, false);
+                let sim = equarx::numerics::simulate::quantized_all_reduce(&inputs, &plan, false);
                 let sim = if c.operands[0].ty == Ty::Bf16 {
                     equarx::numerics::simulate::to_bf16(&sim)
                 } else {

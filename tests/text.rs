@@ -31,7 +31,11 @@ use serde_json::json;
 /// XLA's text of every fixture (`NAME.txt`) and the dumps' text.
 fn xla_texts() -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for dir in [common::fixtures_dir(), common::fixtures_dir().join("dumps")] {
+    for dir in [
+        common::fixtures_dir(),
+        common::fixtures_dir().join("dumps"),
+        common::fixtures_dir().join("frames"),
+    ] {
         for e in std::fs::read_dir(&dir).expect("fixtures dir") {
             let p = e.expect("dir entry").path();
             if p.extension().is_some_and(|x| x == "txt") {

@@ -15,21 +15,65 @@
  * Options are one JSON object (NULL or "" for all defaults). Absent keys
  * keep their defaults; unknown keys are an error.
  *
- *   {"block_size": 64,              elements per quantization block
- *    "pipeline_depth": 2,           independent sub-chunk chains per direction
- *    "bidirectional": true,         half of every chunk goes each way round
- *    "min_payload_bytes": null,     null: the cost model decides; a number:
- *                                   smaller all-reduces stay as they are
- *    "topology": "v5e",             the cost model's machine (v5e, v6e, v5p,
- *                                   h100, h200, optionally "v5e:4x4")
- *    "types": ["bf16"],             element types to quantize: bf16 f16 f32
- *    "scale_type": "bf16",          "bf16" or "f32" scales on the wire
- *    "gather": "all-gather",        "all-gather" or "permute"
- *    "fuse": "auto",                loop fusions if the module is fused
- *                                   already: "auto", "on", "off"
- *    "replica_count": null,         override the module's device counts
- *    "num_partitions": null,        (XLA knows them from HloModuleConfig)
- *    "disabled_passes": []}
+ * A value may be JSON (64, true, ["bf16", "f32"]; null leaves
+ * min_payload_bytes or a count unset) or text as on equarx's command line
+ * ("64", "true", "bf16,f32", "1MiB"). The options (name, value, default,
+ * what it does):
+ *
+ * BEGIN options: made from src/options.rs by
+ * `EQUARX_BLESS=1 cargo test --test options`; edit there
+ *   block_size  B (default: 64):
+ *       Elements per quantization block (B): one scale per block.
+ *   scale_type  f32|bf16 (default: bf16):
+ *       Type of the per-block scales on the wire.
+ *   pipeline_depth  D (default: 1):
+ *       Independent sub-chunk chains per ring direction (D).
+ *   bidirectional  true|false (default: true):
+ *       Send half of every chunk each way round the ring (false: one way,
+ *       half the messages, half the link use).
+ *   min_payload_bytes  BYTES (default: the cost model decides):
+ *       Rewrite only all-reduces of at least this many bytes (in their own
+ *       type) instead of asking the cost model; 0 rewrites every eligible
+ *       all-reduce.
+ *   topology  TOPOLOGY (default: v5e):
+ *       The machine the cost model predicts for: v5e, v6e, v5p, h100, h200,
+ *       optionally with a slice shape (v5e:4x4; a slice smaller than the
+ *       torus has no wraparound). The figures are a model.
+ *   types  TYPE,... (default: bf16):
+ *       Element types to quantize (bf16, f16, f32). XLA:CPU promotes bf16
+ *       all-reduces to f32 before scheduling: use bf16,f32 there.
+ *   gather  all-gather|permute (default: all-gather):
+ *       How the reduced chunks reach every rank: one all-gather per lane, or
+ *       P-1 collective-permute hops round the same ring.
+ *   fuse  auto|on|off (default: auto):
+ *       Outline the emitted quantize / dequantize chains into loop fusions:
+ *       auto does when the module already holds fusions (XLA's fusion pass
+ *       has run: a dump after optimizations, the pre-scheduler hook).
+ *   algorithm  auto|ring|two-shot|two-level (default: auto):
+ *       The reduce algorithm: ring (P-1 requantizing hops; a torus ring),
+ *       two-shot (quantize once, one all-to-all, the owner sums in f32;
+ *       switched fabrics), two-level (a ring per axis of a 2-D slice); auto
+ *       lets the time model choose per op.
+ *   rotation  auto|none|hadamard (default: auto):
+ *       Rotate every block by an orthonormal Hadamard transform before
+ *       quantizing (undone once at the end): an outlier's energy spreads over
+ *       its block. auto: wherever the time model says it costs at most 5 %.
+ *   unroll  true|false (default: false):
+ *       Write every ring step out instead of a while loop over the steps: the
+ *       rewrite then grows with P and the lanes, and XLA compiles it many
+ *       times slower.
+ *   max_error  PCT (default: none):
+ *       An error budget: the fastest configuration whose predicted relative
+ *       RMS error (Gaussian data, percent) is at most this; an op with none
+ *       is skipped with the reason.
+ *   replica_count  N (default: from the module):
+ *       Replicas the module runs with; overrides what the module says.
+ *   num_partitions  N (default: from the module):
+ *       Partitions the module runs with; overrides what the module says.
+ *   disabled_passes  PASS,... (default: none):
+ *       Passes to skip, by name (quantized-all-reduce); an unknown name is an
+ *       error when the pipeline runs.
+ * END options
  *
  * Example:
  *

@@ -7,9 +7,32 @@
 :func:`enable` registers a callback with
 ``jax.extend.xla.register_hlo_module_transformation`` at the pre-scheduler
 stage: every module XLA compiles for those platforms from then on passes
-through equarx (compilations already cached are not redone; use a new
-``jax.jit`` or ``jax.clear_caches()``). On CPU the callback runs in-process;
-on TPU/GPU JAX registers it through the PJRT XLA-transform extension.
+through equarx. On CPU the callback runs in-process; on TPU/GPU JAX
+registers it through the PJRT XLA-transform extension.
+
+Compilation caches. JAX keeps compiled executables in memory and, with
+``jax_compilation_cache_dir`` set, on disk, keyed by the program and
+compiler settings; a registered HLO transformation is not part of that key.
+So equarx puts its state into it: :func:`enable`, :func:`disable` and
+:func:`register_native` change what JAX's cache-key hook
+(``jax._src.cache_key.custom_hook``, hashed into every persistent-cache
+key) returns, and clear JAX's in-memory caches (``jax.clear_caches()``), so
+the next compile of any function is the equarx state's own:
+
+- enabled: the key holds the platforms, stage, options and the loaded
+  ``libequarx.so`` (version and SHA-256), so another option or another
+  build never gets an executable compiled with the old one;
+- disabled, or never imported: the key is JAX's own, so a rewritten
+  executable is never served to a plain process, and plain entries are
+  shared with processes that never import equarx.
+
+The key does not say which platform a compile is for: with
+``platforms=("tpu",)`` a CPU compile also gets a key of its own (a cache
+miss, never a wrong hit). This relies on jax 0.10.2's ``cache_key.get``
+calling ``custom_hook``; if a jax version stops doing so, :func:`enable`
+refuses while the persistent cache is on (``jax_enable_compilation_cache``,
+on by default), and a compile refuses if something replaced the hook
+without calling equarx's.
 
 XLA:CPU promotes bf16 all-reduces to f32 before this stage, so CPU runs
 need ``types=("bf16", "f32")``; TPU keeps bf16.
@@ -28,6 +51,9 @@ that takes a native callback; this goes through the plugin's ``PJRT_Api*``.
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
+import os
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -39,7 +65,128 @@ PASS_NAME = "equarx-quantized-all-reduce"
 
 _lock = threading.Lock()
 _registered: dict[str, Any] | None = None
+_native_registrations: list[dict[str, Any]] = []
 _last_report: list[dict[str, Any]] | None = None
+# What equarx adds to JAX's compilation-cache key: "" while nothing is
+# registered, so the key is then JAX's own.
+_cache_key_part = ""
+_library_digests: dict[tuple[str, int, int], str] = {}
+
+
+def _library_identity() -> dict[str, str]:
+    """The loaded ``libequarx.so``: version and the SHA-256 of its bytes (a
+    rebuilt library may rewrite differently under the same version)."""
+    path = str(_native._load()._name)
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    with _lock:
+        digest = _library_digests.get(key)
+    if digest is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = h.hexdigest()
+        with _lock:
+            _library_digests[key] = digest
+    return {"version": _native.version(), "sha256": digest}
+
+
+def _cache_hook_module():
+    """jax's cache-key module, if its ``get`` still hashes ``custom_hook()``
+    (jax 0.10.2); ``None`` if that has moved."""
+    try:
+        from jax._src import cache_key
+    except ImportError:
+        return None
+    get = getattr(cache_key, "get", None)
+    if not callable(getattr(cache_key, "custom_hook", None)) or get is None:
+        return None
+    names: set[str] = set()
+    codes = [getattr(get, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if hasattr(c, "co_names"))
+    return cache_key if "custom_hook" in names else None
+
+
+def _install_cache_key_hook() -> None:
+    """Chains equarx's part into ``jax._src.cache_key.custom_hook`` (once
+    per process), or refuses if that hook has moved while JAX's persistent
+    cache is on."""
+    import jax
+
+    cache_key = _cache_hook_module()
+    if cache_key is None:
+        if not jax.config.jax_enable_compilation_cache:
+            return  # no persistent cache: nothing to key
+        raise EquarxError(
+            f"equarx: this jax ({jax.__version__}) no longer hashes "
+            "jax._src.cache_key.custom_hook() into its persistent compilation "
+            "cache key (equarx is pinned to jax 0.10.2), so equarx cannot keep "
+            "rewritten and plain executables apart in that cache. Use jax "
+            "0.10.2, or turn the persistent cache off with "
+            "jax.config.update('jax_enable_compilation_cache', False)"
+        )
+    if getattr(cache_key.custom_hook, "_equarx", False):
+        return
+    previous = cache_key.custom_hook
+
+    def custom_hook() -> str:
+        theirs = previous()
+        return theirs + _cache_key_part if _cache_key_part else theirs
+
+    custom_hook._equarx = True  # type: ignore[attr-defined]
+    cache_key.custom_hook = custom_hook
+
+
+def _state_changed() -> None:
+    """Recomputes equarx's part of the cache key from the registrations and
+    drops JAX's in-memory executables, which were compiled in the old state."""
+    global _cache_key_part
+    import jax
+
+    with _lock:
+        state = {}
+        if _registered is not None:
+            state["jax"] = {
+                "name": _registered["name"],
+                "stage": _registered["stage"].name,
+                "platforms": _registered["platforms"],
+                "options": _registered["options"],
+            }
+        if _native_registrations:
+            state["native"] = list(_native_registrations)
+        library = _registered["library"] if _registered is not None else None
+    if state:
+        state["library"] = library or _library_identity()
+        part = "\nequarx:" + json.dumps(state, sort_keys=True)
+    else:
+        part = ""
+    with _lock:
+        _cache_key_part = part
+    jax.clear_caches()
+
+
+def _check_cache_key_hook() -> None:
+    """At compile time: equarx's part must still be in JAX's cache key, or
+    the rewritten executable would be cached under a plain key."""
+    import jax
+
+    if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
+        return
+    cache_key = _cache_hook_module()
+    part = _cache_key_part
+    if cache_key is None or (part and part not in cache_key.custom_hook()):
+        raise EquarxError(
+            "equarx: its state is missing from JAX's persistent compilation cache "
+            "key (jax._src.cache_key.custom_hook was replaced without calling the "
+            "previous hook, or jax stopped hashing it); refusing to compile, as the "
+            "rewritten executable would be cached as a plain one"
+        )
 
 
 def _stage(stage: Any):
@@ -57,44 +204,35 @@ def _stage(stage: Any):
         ) from None
 
 
-def options(
-    *,
-    block_size: int | None = None,
-    pipeline_depth: int | None = None,
-    bidirectional: bool | None = None,
-    min_payload: int | None = None,
-    types: Iterable[str] | None = None,
-    scale_type: str | None = None,
-    gather: str | None = None,
-    fuse: str | None = None,
-    replica_count: int | None = None,
-    num_partitions: int | None = None,
-    disabled_passes: Iterable[str] | None = None,
-) -> dict[str, Any]:
-    """The options :func:`enable` passes to equarx, as the C ABI's JSON keys.
+def options(**pass_options: Any) -> dict[str, Any]:
+    """The options :func:`enable` passes to equarx: keyword arguments named
+    as equarx's options, with the values its JSON takes (the one list is
+    equarx's own: ``src/options.rs``, the README's "Options", ``equarx
+    rewrite --help``). E.g. ``block_size=32``, ``min_payload_bytes=0`` (also
+    ``"1MiB"``; alias ``min_payload``), ``types=("bf16", "f32")``,
+    ``fuse="off"``.
 
-    Options left as ``None`` are not sent: equarx's own defaults apply (the
-    same as the ``equarx`` command line's; see its ``rewrite --help``).
+    Nothing is checked or renamed here, so this package cannot drift from
+    the library: equarx judges every name and value (:func:`enable` asks it
+    at once, :func:`equarx.check_options` on demand) and refuses an unknown
+    one with the same message as its other doors. Lists may be any
+    iterable; ``None`` leaves an option at equarx's default.
     """
-    given = {
-        "block_size": block_size,
-        "pipeline_depth": pipeline_depth,
-        "bidirectional": bidirectional,
-        "min_payload_bytes": min_payload,
-        "types": None if types is None else list(types),
-        "scale_type": scale_type,
-        "gather": gather,
-        "fuse": fuse,
-        "replica_count": replica_count,
-        "num_partitions": num_partitions,
-        "disabled_passes": None if disabled_passes is None else list(disabled_passes),
-    }
-    return {k: v for k, v in given.items() if v is not None}
+    return {k: _json_value(v) for k, v in pass_options.items() if v is not None}
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, (str, bytes, bool, int, float, dict)):
+        return v
+    if isinstance(v, Iterable):
+        return list(v)
+    return v
 
 
 def _callback(options_json: bytes):
     def equarx_transform(module: bytes) -> bytes | None:
         global _last_report
+        _check_cache_key_hook()
         result = _native.rewrite(module, options_json.decode())
         if result.report:  # modules without all-reduces keep the last report
             with _lock:
@@ -113,13 +251,16 @@ def enable(
 ) -> None:
     """Registers equarx with JAX for ``platforms``.
 
-    ``pass_options`` are those of :func:`options` (block_size,
-    pipeline_depth, bidirectional, min_payload, types, scale_type, gather,
-    fuse, replica_count, num_partitions, disabled_passes). At the
+    ``pass_options`` are equarx's options, as for :func:`options`. At the
     pre-scheduler stage XLA has fused the module, so ``fuse="auto"`` (the
-    default) outlines equarx's ops into loop fusions of their own. They are checked now:
-    invalid ones raise :class:`equarx.EquarxError` with equarx's message.
+    default) outlines equarx's ops into loop fusions of their own. They are
+    checked now: invalid ones raise :class:`equarx.EquarxError` with
+    equarx's message.
     Enabling again replaces the previous registration.
+
+    The registration enters JAX's compilation-cache key and JAX's in-memory
+    caches are cleared (see the module's docs): functions jitted before
+    compile again, with equarx.
     """
     global _registered
     from jax.extend import xla as jxla
@@ -128,7 +269,9 @@ def enable(
     _native.check_options(opts)
     platforms = [platforms] if isinstance(platforms, str) else list(platforms)
     pipeline_stage = _stage(stage)
-    disable()
+    _install_cache_key_hook()
+    library = _library_identity()
+    _unregister()
     options_json = _native.options_json(opts)
     jxla.register_hlo_module_transformation(
         _callback(options_json), name=name, stage=pipeline_stage, platforms=platforms
@@ -139,12 +282,12 @@ def enable(
             "stage": pipeline_stage,
             "platforms": platforms,
             "options": opts,
+            "library": library,
         }
+    _state_changed()
 
 
-def disable() -> bool:
-    """Removes the registration made by :func:`enable`; ``True`` if there
-    was one."""
+def _unregister() -> bool:
     global _registered
     from jax.extend import xla as jxla
 
@@ -158,10 +301,22 @@ def disable() -> bool:
     return True
 
 
+def disable() -> bool:
+    """Removes the registration made by :func:`enable`; ``True`` if there
+    was one. JAX's compilation-cache key is then JAX's own again and its
+    in-memory caches are cleared, so no rewritten executable is served."""
+    if not _unregister():
+        return False
+    _state_changed()
+    return True
+
+
 def enabled() -> dict[str, Any] | None:
     """The current registration (name, stage, platforms, options), if any."""
     with _lock:
-        return None if _registered is None else dict(_registered)
+        if _registered is None:
+            return None
+        return {k: v for k, v in _registered.items() if k != "library"}
 
 
 def last_report() -> list[dict[str, Any]] | None:
@@ -203,14 +358,20 @@ def register_native(
     from ``jax._src.xla_bridge.register_plugin`` / ``load_pjrt_plugin``, or
     an address (e.g. from ``ctypes.CDLL(libtpu_path).GetPjrtApi()``). The
     options are process-wide. A plugin without the extension raises
-    :class:`equarx.EquarxError` naming the extensions it has.
+    :class:`equarx.EquarxError` naming the extensions it has. A registration
+    enters JAX's compilation-cache key like :func:`enable`'s (it cannot be
+    undone).
     """
     stages = {"pre_scheduler": 0, "post_scheduler": 1}
     if stage not in stages:
         raise ValueError(f"stage must be one of {sorted(stages)}, not {stage!r}")
-    _native.pjrt_register(
-        _capsule_pointer(pjrt_api), name, stages[stage], options(**pass_options)
-    )
+    opts = options(**pass_options)
+    pointer = _capsule_pointer(pjrt_api)
+    _install_cache_key_hook()
+    _native.pjrt_register(pointer, name, stages[stage], opts)
+    with _lock:
+        _native_registrations.append({"name": name, "stage": stage, "options": opts})
+    _state_changed()
 
 
 __all__ = [

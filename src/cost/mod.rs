@@ -1,38 +1,44 @@
-//! The time model: how long a bf16 ring all-reduce and equarx's quantized
-//! ring take on a named topology. Every TPU and GPU figure here is a
-//! **model**, built from public specifications and stated assumptions; no
-//! accelerator was measured. (What was measured, on CPUs over shaped links,
-//! is in BENCHMARKS.md.)
+//! The time model: how long XLA's bf16 all-reduce and equarx's plan take on
+//! a named topology. Every TPU and GPU figure here is a **model**, built
+//! from public specifications and stated assumptions; no accelerator was
+//! measured. (What was measured, on CPUs over shaped links, is in
+//! BENCHMARKS.md.)
 //!
-//! Both algorithms run `2·(P−1)` ring steps (reduce-scatter, then
-//! all-gather); a step costs a fixed latency `α` plus its bytes over the
-//! link bandwidth available to the ring:
+//! The baseline is XLA's all-reduce in the payload's own type, the better
+//! of a bidirectional ring (`2(P−1)·α + 2(P−1)/P·S / β` for `S` payload
+//! bytes) and a two-shot exchange (fewer steps, the same bytes on a switch):
+//! equarx is never credited with an algorithm change it did not make.
+//! equarx's time is read off the [`Plan`], phase by phase, each phase's
+//! bytes ([`Plan::phase_wire_bytes`]) over the links it uses:
 //!
 //! ```text
-//! T_bf16   = 2(P−1) · (α + (S/P) / β_bf16)
-//! T_equarx = 2(P−1) · (α + α_kernel + m / β_eqx)  ⊕  C
+//! ring over Q ranks    (Q−1)·(α + α_k) + bytes / β_ring
+//! exchange over Q      switch: α + α_k + bytes / β_egress
+//!                      torus ring: the average message crosses Q/4 links,
+//!                      (Q/2)·α + α_k + bytes·Q²/(4(Q−1)) / β_ring
+//! gather               switch: α + bytes / β_egress; torus: (P−1)·α + bytes / β_ring
 //! ```
 //!
-//! with `S` the payload in bytes, `m` equarx's per-step message (codes and
-//! scales, from the same [`RingPlan`] the pass emits) and `C` the
-//! quantize/dequantize work: every hop reads the received codes (1 B), the
-//! device's own contribution (its input type) and writes the next message
-//! (1 B) per element, and the all-gather reads every code and writes the
-//! output type — kernels fused the way XLA fuses elementwise chains, bound
-//! by HBM bandwidth. With D ≥ 2 lanes the work of one lane overlaps the
-//! transfer of another (`⊕` = max plus one lane's fill); with D = 1 they
-//! add.
+//! plus `C`, the quantize/dequantize work, bound by HBM bandwidth: every
+//! hop reads the received codes (1 B), the device's own part (its input
+//! type, f32 once rotated) and writes the next message (1 B) per element;
+//! an exchange quantizes everything once and dequantizes what it receives;
+//! the gather reads every code and writes the output type; a rotation is
+//! one more pass over the input (its inverse rides on the gather's
+//! dequantize, a dot whose scaling the backend fuses). With two chains
+//! or more the work of one overlaps the transfer of another (`max` plus one
+//! chain's fill); with one they add. A loop form pays `α_loop` per
+//! iteration (a model assumption: TPU 1 µs, GPU 8 µs, a device-side
+//! condition and its synchronisation).
 //!
-//! Ring bandwidth `β`: a TPU chip has `ports` ICI links, each carrying
+//! Link bandwidth: a TPU chip has `ports` ICI links, each carrying
 //! `ici/ports/2` per direction; a ring uses one link each way round, a
-//! bidirectional ring both directions of both (XLA's own all-reduce is
-//! modelled bidirectional). Without wraparound (a slice smaller than the
-//! torus) the ring folds back over a line and its busiest link carries two
-//! ring edges: half the bandwidth. NVSwitch GPUs give every ring the GPU's
-//! full NVLink egress either way.
+//! bidirectional ring both directions of both. Without wraparound (a slice
+//! smaller than the torus) the ring folds back over a line and its busiest
+//! link carries two ring edges: half the bandwidth. NVSwitch GPUs give every
+//! pattern (ring, all-to-all, all-gather) the GPU's full NVLink egress.
 
-use crate::numerics::ScaleType;
-use crate::passes::quantized_all_reduce::plan::{RingPlan, ring_wire_bytes};
+use crate::plan::{Form, Phase, Plan, Rotation, ring_wire_bytes};
 
 /// A named machine, with the public figures the model uses.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -48,8 +54,12 @@ pub struct Topology {
     pub step_latency_us: f64,
     /// Per-step launch cost of equarx's quantize/dequantize kernels, µs.
     pub kernel_latency_us: f64,
+    /// Per-iteration cost of a `while` loop (model assumption), µs.
+    pub loop_step_us: f64,
     /// Whether the ring closes over a wraparound link.
     pub wraparound: bool,
+    /// The slice's shape when one was named (`v5e:2x4` → `[2, 4]`).
+    pub slice: Vec<u32>,
     /// Where the figures come from.
     pub source: &'static str,
 }
@@ -89,6 +99,7 @@ impl Topology {
                 ));
             }
         };
+        t.slice = dims.clone();
         if t.ports > 0 {
             t.wraparound =
                 dims.is_empty() || dims.iter().any(|&d| d >= torus_dim && d % torus_dim == 0);
@@ -97,6 +108,11 @@ impl Topology {
             }
         }
         Ok(t)
+    }
+
+    /// A switched fabric (NVSwitch): every pattern gets the full egress.
+    pub fn switched(&self) -> bool {
+        self.ports == 0
     }
 
     /// Per-device ring bandwidth, GB/s.
@@ -129,7 +145,9 @@ fn tpu(name: &str, ici: f64, ports: u32, hbm: f64, source: &'static str) -> Topo
         hbm_gbps: hbm,
         step_latency_us: 2.0,
         kernel_latency_us: 1.0,
+        loop_step_us: 1.0,
         wraparound: true,
+        slice: vec![],
         source,
     }
 }
@@ -142,7 +160,9 @@ fn gpu(name: &str, hbm: f64) -> Topology {
         hbm_gbps: hbm,
         step_latency_us: 5.0,
         kernel_latency_us: 3.0,
+        loop_step_us: 8.0,
         wraparound: true,
+        slice: vec![],
         source: "NVIDIA Hopper datasheets: NVLink 4 900 GB/s bidirectional per GPU; HBM 3.35 TB/s (H100 SXM), 4.8 TB/s (H200)",
     }
 }
@@ -162,88 +182,155 @@ impl Prediction {
     }
 }
 
-/// Predicts one all-reduce of `payload_bytes` (elements of `elem_bytes`)
-/// over groups of `plan.group_size`, the baseline in the payload's own type.
-pub fn predict(
-    t: &Topology,
-    plan: &RingPlan,
-    payload_bytes: u64,
-    elem_bytes: u64,
-    bidirectional: bool,
-) -> Prediction {
-    let p = plan.group_size as f64;
-    let steps = 2.0 * (p - 1.0);
-    let gbps_to_bytes_per_us = 1e3; // 1 GB/s = 1e3 bytes/µs
-    let alpha = t.step_latency_us;
-    // The baseline: XLA's bidirectional ring in the payload's type.
-    let base_bw = t.ring_gbps(true) * gbps_to_bytes_per_us;
-    let bf16_us = steps * alpha + ring_wire_bytes(plan.group_size, payload_bytes) as f64 / base_bw;
+const BYTES_PER_US_PER_GBPS: f64 = 1e3; // 1 GB/s = 1e3 bytes/µs
 
-    let eq_bw = t.ring_gbps(bidirectional) * gbps_to_bytes_per_us;
-    let comm = steps * (alpha + t.kernel_latency_us) + plan.wire_bytes() as f64 / eq_bw;
-    // HBM bytes per element: a hop reads codes and own input, writes codes;
-    // the gather reads codes and writes the output type.
-    let elements = plan.padded() as f64;
-    let chunk = elements / p;
-    let hop_bytes = (p - 1.0) * chunk * (1.0 + elem_bytes as f64 + 1.0 + scale_share(plan));
-    let gather_bytes = elements * (1.0 + elem_bytes as f64);
-    let compute = (hop_bytes + gather_bytes) / (t.hbm_gbps * gbps_to_bytes_per_us);
-    let lanes = plan.lanes.len().max(1) as f64;
-    let equarx_us = if lanes >= 2.0 {
-        comm.max(compute) + compute / steps / lanes
+/// The transfer time of an exchange (all-to-all) sending `bytes` per
+/// device over `q` ranks, µs, kernel launches aside.
+fn exchange_us(t: &Topology, q: f64, bytes: f64) -> f64 {
+    let bw = t.ring_gbps(true) * BYTES_PER_US_PER_GBPS;
+    if t.switched() {
+        t.step_latency_us + bytes / bw
+    } else {
+        (q / 2.0) * t.step_latency_us + bytes * q * q / (4.0 * (q - 1.0)) / bw
+    }
+}
+
+/// The transfer time of a gather sending `bytes` per device over `p`
+/// ranks, µs.
+fn gather_us(t: &Topology, p: f64, bytes: f64) -> f64 {
+    let bw = t.ring_gbps(true) * BYTES_PER_US_PER_GBPS;
+    let hops = if t.switched() { 1.0 } else { p - 1.0 };
+    hops * t.step_latency_us + bytes / bw
+}
+
+/// XLA's all-reduce of `payload_bytes` over `p` ranks in the payload's own
+/// type: the better of a bidirectional ring and a two-shot exchange.
+pub fn baseline_us(t: &Topology, p: usize, payload_bytes: u64) -> f64 {
+    let steps = 2.0 * (p as f64 - 1.0);
+    let bw = t.ring_gbps(true) * BYTES_PER_US_PER_GBPS;
+    let ring = steps * t.step_latency_us + ring_wire_bytes(p, payload_bytes) as f64 / bw;
+    let half = ring_wire_bytes(p, payload_bytes) as f64 / 2.0;
+    let pf = p as f64;
+    let two_shot = exchange_us(t, pf, half) + gather_us(t, pf, half);
+    ring.min(two_shot)
+}
+
+/// Predicts one all-reduce of `payload_bytes` (elements of `elem_bytes`)
+/// carried out by `plan`, against the baseline in the payload's own type.
+pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -> Prediction {
+    let p = plan.group_size as f64;
+    let alpha = t.step_latency_us;
+    let alpha_k = t.kernel_latency_us;
+    let ring_bw = t.ring_gbps(plan.config.bidirectional) * BYTES_PER_US_PER_GBPS;
+    let loop_us = match plan.config.form {
+        Form::Loop => t.loop_step_us,
+        Form::Unrolled => 0.0,
+    };
+    let rotated = plan.config.rotation == Rotation::Hadamard;
+    // What a hop reads as the device's own part: its input, or the f32
+    // rotated input.
+    let own_bytes = if rotated { 4.0 } else { elem_bytes as f64 };
+    let scales = plan.scale_type().bytes() as f64 / plan.block() as f64;
+    let c = plan.chunk as f64;
+    let (mut comm, mut hbm_bytes) = (0.0, 0.0);
+    for (k, phase) in plan.phases.iter().enumerate() {
+        let bytes = plan.phase_wire_bytes(k) as f64;
+        let rows = plan.rows_before(k) as f64;
+        match phase {
+            Phase::Ring { axis } => {
+                let q = axis.size as f64;
+                comm += (q - 1.0) * (alpha + alpha_k + loop_us) + bytes / ring_bw;
+                hbm_bytes += (q - 1.0) * rows / q * c * (2.0 + own_bytes + scales);
+            }
+            Phase::Exchange { axis } => {
+                let q = axis.size as f64;
+                comm += alpha_k + exchange_us(t, q, bytes);
+                hbm_bytes += rows * c * (own_bytes + 1.0 + scales) + rows * c + rows / q * c * 4.0;
+            }
+            Phase::Gather => {
+                comm += alpha_k + gather_us(t, p, bytes);
+                hbm_bytes += c * (4.0 + 1.0) + p * c * (1.0 + elem_bytes as f64);
+            }
+        }
+    }
+    // The forward rotation is one more pass (input in, f32 out); the
+    // inverse is a dot on the gathered codes whose scaling the backend
+    // fuses into the dot's output (TPU and GPU fuse a dot's elementwise
+    // consumer), so it costs no pass of its own.
+    if rotated {
+        hbm_bytes += p * c * (elem_bytes as f64 + 4.0);
+    }
+    let compute = hbm_bytes / (t.hbm_gbps * BYTES_PER_US_PER_GBPS);
+    let chains = plan.lanes.len() as f64;
+    let steps = plan.collective_steps().max(1) as f64;
+    let equarx_us = if chains >= 2.0 {
+        comm.max(compute) + compute / steps
     } else {
         comm + compute
     };
     Prediction {
-        bf16_us,
+        bf16_us: baseline_us(t, plan.group_size, payload_bytes),
         equarx_us,
         compute_us: compute,
     }
 }
 
-fn scale_share(plan: &RingPlan) -> f64 {
-    let per_scale = match plan.scale_type {
-        ScaleType::F32 => 4.0,
-        ScaleType::Bf16 => 2.0,
-    };
-    per_scale / plan.block as f64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Options;
+    use crate::plan::{Algorithm, Config, GatherForm, ScaleType};
 
-    fn plan(p: usize, elements: usize, bidirectional: bool) -> RingPlan {
-        RingPlan::new(
-            p,
-            elements,
-            &Options {
-                bidirectional,
-                ..Options::default()
-            },
-        )
-        .unwrap()
+    fn config(algorithm: Algorithm, bidirectional: bool) -> Config {
+        Config {
+            algorithm,
+            rotation: Rotation::None,
+            block: 64,
+            scale_type: ScaleType::Bf16,
+            pipeline_depth: 1,
+            bidirectional,
+            gather: GatherForm::AllGather,
+            form: Form::Loop,
+        }
+    }
+
+    fn plan(p: usize, elements: usize, bidirectional: bool) -> Plan {
+        Plan::new(p, elements, &config(Algorithm::Ring, bidirectional)).unwrap()
     }
 
     #[test]
     fn large_payloads_approach_the_byte_ratio_and_small_ones_lose() {
         let t = Topology::parse("v5e").unwrap();
-        let big = predict(&t, &plan(8, 32 << 20, true), 64 << 20, 2, true);
+        let big = predict(&t, &plan(8, 32 << 20, true), 64 << 20, 2);
         assert!((1.7..1.95).contains(&big.speedup()), "{big:?}");
-        let tiny = predict(&t, &plan(8, 1024, true), 2048, 2, true);
+        let tiny = predict(&t, &plan(8, 1024, true), 2048, 2);
         assert!(tiny.speedup() < 1.0, "{tiny:?}");
     }
 
     #[test]
     fn a_one_way_ring_needs_twice_the_bytes_to_pay_on_a_torus() {
         let t = Topology::parse("v5e").unwrap();
-        let one_way = predict(&t, &plan(8, 8 << 20, false), 16 << 20, 2, false);
-        let both = predict(&t, &plan(8, 8 << 20, true), 16 << 20, 2, true);
+        let one_way = predict(&t, &plan(8, 8 << 20, false), 16 << 20, 2);
+        let both = predict(&t, &plan(8, 8 << 20, true), 16 << 20, 2);
         assert!(
             both.speedup() > one_way.speedup() * 1.5,
             "{both:?} {one_way:?}"
         );
+    }
+
+    #[test]
+    fn two_shot_wins_on_a_switch_and_loses_on_a_torus() {
+        for (topology, two_shot_wins) in [("h100", true), ("v5e", false)] {
+            let t = Topology::parse(topology).unwrap();
+            let n = 8 << 20;
+            let ring = predict(&t, &plan(8, n, true), 2 * n as u64, 2);
+            let two_shot = Plan::new(8, n, &config(Algorithm::TwoShot, true)).unwrap();
+            let two_shot = predict(&t, &two_shot, 2 * n as u64, 2);
+            assert_eq!(
+                two_shot.equarx_us < ring.equarx_us,
+                two_shot_wins,
+                "{topology}: ring {ring:?}, two-shot {two_shot:?}"
+            );
+        }
     }
 
     #[test]

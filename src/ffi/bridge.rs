@@ -8,28 +8,17 @@
 
 use super::{DoorError, guarded, rewrite_bytes};
 use crate::io::Format;
-use crate::proto::PrimitiveType;
-use crate::{DeviceCounts, GatherForm, Options, ScaleType};
+use crate::options::Builder;
 
 #[cxx::bridge(namespace = "equarx::bridge")]
 mod ffi {
-    /// Mirrors `equarx::EquarxPassOptions` (cpp_shim/equarx_pass.h).
+    /// One option as `equarx::EquarxPassOptions::Set` records it: a name
+    /// from equarx's option list (`src/options.rs`) and its value as text,
+    /// as the command line takes it (`"32"`, `"true"`, `"bf16,f32"`).
     #[derive(Debug)]
-    struct PassOptions {
-        block_size: u64,
-        pipeline_depth: u64,
-        bidirectional: bool,
-        /// Negative: the cost model decides (for `topology`).
-        min_payload_bytes: i64,
-        /// The cost model's machine, e.g. `v5e` or `v5e:4x4`.
-        topology: String,
-        /// `xla::PrimitiveType` numbers (BF16 = 16, F16 = 10, F32 = 11).
-        element_types: Vec<i32>,
-        bf16_scales: bool,
-        gather_with_collective_permutes: bool,
-        /// From `HloModuleConfig`; 0 = take it from the module.
-        replica_count: i64,
-        num_partitions: i64,
+    struct OptionValue {
+        name: String,
+        value: String,
     }
 
     #[derive(Debug)]
@@ -46,86 +35,69 @@ mod ffi {
     }
 
     extern "Rust" {
-        /// Defaults, the same as the Rust library's.
-        fn default_pass_options() -> PassOptions;
-        /// Rewrites a serialized bare `HloModuleProto`.
-        fn rewrite_module(module: &[u8], options: &PassOptions) -> RewriteResult;
+        /// Checks options without a module: empty when they are valid,
+        /// else equarx's message.
+        fn check_options(options: &[OptionValue]) -> String;
+        /// Rewrites a serialized bare `HloModuleProto`. The counts are the
+        /// `HloModuleConfig`'s (0: take them from the module); options that
+        /// set them win.
+        fn rewrite_module(
+            module: &[u8],
+            options: &[OptionValue],
+            replica_count: i64,
+            num_partitions: i64,
+        ) -> RewriteResult;
         /// The library version.
         fn version() -> &'static str;
     }
 }
 
-pub use ffi::{PassOptions, RewriteResult};
-
-/// The defaults C++ starts from (also callable from Rust, e.g. by tests).
-pub fn default_pass_options() -> PassOptions {
-    let o = Options::default();
-    PassOptions {
-        block_size: o.block_size as u64,
-        pipeline_depth: o.pipeline_depth as u64,
-        bidirectional: o.bidirectional,
-        min_payload_bytes: o
-            .min_payload_bytes
-            .map_or(-1, |m| i64::try_from(m).unwrap_or(i64::MAX)),
-        topology: o.topology.name.clone(),
-        element_types: o.element_types.iter().map(|t| *t as i32).collect(),
-        bf16_scales: o.scale_type == ScaleType::Bf16,
-        gather_with_collective_permutes: o.gather == GatherForm::Permute,
-        replica_count: 0,
-        num_partitions: 0,
-    }
-}
+pub use ffi::{OptionValue, RewriteResult};
 
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
-fn to_options(o: &PassOptions) -> Result<crate::RewriteOptions, DoorError> {
-    let size = |v: u64, what: &str| {
-        usize::try_from(v).map_err(|_| DoorError::Options(format!("{what} {v} is too large")))
-    };
-    let element_types = o
-        .element_types
-        .iter()
-        .map(|&n| {
-            PrimitiveType::try_from(n).map_err(|_| {
-                DoorError::Options(format!("element type {n} is not an xla::PrimitiveType"))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let count = |v: i64| (v != 0).then_some(v);
-    let pass = Options {
-        block_size: size(o.block_size, "block size")?,
-        pipeline_depth: size(o.pipeline_depth, "pipeline depth")?,
-        bidirectional: o.bidirectional,
-        min_payload_bytes: u64::try_from(o.min_payload_bytes).ok(),
-        topology: crate::cost::Topology::parse(&o.topology).map_err(DoorError::Options)?,
-        element_types,
-        scale_type: if o.bf16_scales {
-            ScaleType::Bf16
-        } else {
-            ScaleType::F32
-        },
-        gather: if o.gather_with_collective_permutes {
-            GatherForm::Permute
-        } else {
-            GatherForm::AllGather
-        },
-        // The C++ pass sits before XLA's fusion in a pipeline, or after it
-        // in a fused module: `auto` tells the two apart.
-        fuse: crate::FuseMode::Auto,
-    };
-    let counts = DeviceCounts {
-        replica_count: count(o.replica_count),
-        num_partitions: count(o.num_partitions),
-    };
-    super::checked(pass, counts, Vec::new())
+/// Options from the pairs, with XLA's counts where the pairs do not set
+/// them.
+fn to_options(
+    options: &[OptionValue],
+    replica_count: i64,
+    num_partitions: i64,
+) -> Result<crate::RewriteOptions, DoorError> {
+    let mut b = Builder::new();
+    for o in options {
+        b.set_text(&o.name, &o.value).map_err(DoorError::Options)?;
+    }
+    for (name, count) in [
+        ("replica_count", replica_count),
+        ("num_partitions", num_partitions),
+    ] {
+        if count != 0 && !b.given(name) {
+            b.set_text(name, &count.to_string())
+                .map_err(DoorError::Options)?;
+        }
+    }
+    b.finish().map_err(DoorError::Options)
+}
+
+/// What `EquarxPassOptions::Check` calls.
+pub fn check_options(options: &[OptionValue]) -> String {
+    match guarded(|| to_options(options, 0, 0)) {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// What `EquarxPass::Run` calls (public so Rust tests drive the same path).
-pub fn rewrite_module(module: &[u8], options: &PassOptions) -> RewriteResult {
+pub fn rewrite_module(
+    module: &[u8],
+    options: &[OptionValue],
+    replica_count: i64,
+    num_partitions: i64,
+) -> RewriteResult {
     let run = guarded(|| {
-        let options = to_options(options)?;
+        let options = to_options(options, replica_count, num_partitions)?;
         rewrite_bytes(module, Some(Format::Module), &options)
     });
     match run {
@@ -154,34 +126,54 @@ pub fn rewrite_module(module: &[u8], options: &PassOptions) -> RewriteResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{DeviceCounts, Options};
+
+    fn pair(name: &str, value: &str) -> OptionValue {
+        OptionValue {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
 
     #[test]
-    fn defaults_round_trip_to_the_library_defaults() {
-        let o = to_options(&default_pass_options()).unwrap();
+    fn no_pairs_are_the_library_defaults() {
+        let o = to_options(&[], 0, 0).unwrap();
         assert_eq!(o.pass, Options::default());
         assert_eq!(o.counts, DeviceCounts::default());
+        assert_eq!(check_options(&[]), "");
+    }
+
+    #[test]
+    fn the_config_counts_apply_unless_an_option_sets_them() {
+        let o = to_options(&[], 2, 4).unwrap();
+        assert_eq!(
+            (o.counts.replica_count, o.counts.num_partitions),
+            (Some(2), Some(4))
+        );
+        let o = to_options(&[pair("num_partitions", "8")], 2, 4).unwrap();
+        assert_eq!(
+            (o.counts.replica_count, o.counts.num_partitions),
+            (Some(2), Some(8))
+        );
     }
 
     #[test]
     fn bad_options_and_modules_are_errors_not_panics() {
-        let mut o = default_pass_options();
-        o.element_types = vec![9999];
-        let r = rewrite_module(b"", &o);
+        let r = rewrite_module(b"", &[pair("types", "s32")], 0, 0);
         assert!(
-            !r.ok && r.error.contains("9999 is not an xla::PrimitiveType"),
+            !r.ok && r.options_error && r.error.contains("element type \"s32\" is not one of"),
             "{r:?}"
         );
-        let mut o = default_pass_options();
-        o.num_partitions = -1;
-        let r = rewrite_module(b"", &o);
+        let r = rewrite_module(b"", &[], 0, -1);
         assert!(
             !r.ok && r.error.contains("num_partitions must be at least 1"),
             "{r:?}"
         );
-        let r = rewrite_module(b"\x0a\xff", &default_pass_options());
+        let r = rewrite_module(b"\x0a\xff", &[], 0, 0);
         assert!(
-            !r.ok && r.error.starts_with("cannot read the module"),
+            !r.ok && !r.options_error && r.error.starts_with("cannot read the module"),
             "{r:?}"
         );
+        assert!(check_options(&[pair("blok_size", "1")]).contains("unknown option \"blok_size\""));
     }
 }

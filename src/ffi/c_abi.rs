@@ -153,8 +153,8 @@ pub extern "C" fn equarx_version() -> *const c_char {
 /// `module`: any container equarx reads (a bare `HloModuleProto` as XLA and
 /// JAX hand it over, an `HloProto`, an `HloModuleProtoWithConfig`, gzip or
 /// not); the rewritten module comes back in the same one. `options_json`:
-/// null or "" for the defaults, else a JSON object (see
-/// [`super::JsonOptions`]). On any status other than `EQUARX_OK`,
+/// null or "" for the defaults, else a JSON object (see [`crate::options`],
+/// the one list of options). On any status other than `EQUARX_OK`,
 /// `result->error` says why (except when `result` itself is unusable).
 ///
 /// # Safety

@@ -21,12 +21,8 @@ pub mod pjrt;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use serde::Deserialize;
-
+use crate::RewriteOptions;
 use crate::io::{self, Format, FormatError};
-use crate::passes::quantized_all_reduce::parse_element_types;
-use crate::proto::PrimitiveType;
-use crate::{DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, ScaleType};
 
 /// Why a door call failed. The variants map to the C ABI's status codes.
 #[derive(Debug, thiserror::Error)]
@@ -45,115 +41,11 @@ pub enum DoorError {
     Internal(String),
 }
 
-/// The options every door takes, as one JSON object. Absent keys keep their
-/// defaults (those of [`Options::default`]); unknown keys are an error, so a
-/// misspelt option never goes unnoticed.
-///
-/// ```json
-/// {"block_size": 64, "pipeline_depth": 2, "bidirectional": true,
-///  "min_payload_bytes": null, "topology": "v5e", "types": ["bf16"], "scale_type": "bf16",
-///  "gather": "all-gather", "fuse": "auto", "replica_count": null, "num_partitions": null,
-///  "disabled_passes": []}
-/// ```
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct JsonOptions {
-    pub block_size: usize,
-    pub pipeline_depth: usize,
-    pub bidirectional: bool,
-    /// `null` (the default): the cost model decides, for `topology`.
-    pub min_payload_bytes: Option<u64>,
-    /// The cost model's machine: `v5e`, `v6e`, `v5p`, `h100`, `h200`,
-    /// optionally with a slice shape (`v5e:4x4`).
-    pub topology: String,
-    /// Element types to quantize: `bf16`, `f16`, `f32`.
-    pub types: Vec<String>,
-    pub scale_type: ScaleType,
-    pub gather: GatherForm,
-    /// `auto` (loop fusions when the module is already fused), `on`, `off`.
-    pub fuse: FuseMode,
-    /// Overrides what the module says (e.g. its `device_assignment`).
-    pub replica_count: Option<i64>,
-    pub num_partitions: Option<i64>,
-    pub disabled_passes: Vec<String>,
-}
-
-impl Default for JsonOptions {
-    fn default() -> Self {
-        let o = Options::default();
-        JsonOptions {
-            block_size: o.block_size,
-            pipeline_depth: o.pipeline_depth,
-            bidirectional: o.bidirectional,
-            min_payload_bytes: o.min_payload_bytes,
-            topology: o.topology.name.clone(),
-            types: o.element_types.iter().map(|t| type_name(*t)).collect(),
-            scale_type: o.scale_type,
-            gather: o.gather,
-            fuse: o.fuse,
-            replica_count: None,
-            num_partitions: None,
-            disabled_passes: Vec::new(),
-        }
-    }
-}
-
-fn type_name(t: PrimitiveType) -> String {
-    match t {
-        PrimitiveType::Bf16 => "bf16".into(),
-        PrimitiveType::F16 => "f16".into(),
-        PrimitiveType::F32 => "f32".into(),
-        other => format!("{other:?}").to_lowercase(),
-    }
-}
-
-impl JsonOptions {
-    /// Checks and converts to the library's options.
-    pub fn into_rewrite_options(self) -> Result<RewriteOptions, DoorError> {
-        let element_types = parse_element_types(&self.types).map_err(DoorError::Options)?;
-        let pass = Options {
-            block_size: self.block_size,
-            pipeline_depth: self.pipeline_depth,
-            bidirectional: self.bidirectional,
-            min_payload_bytes: self.min_payload_bytes,
-            topology: crate::cost::Topology::parse(&self.topology).map_err(DoorError::Options)?,
-            element_types,
-            scale_type: self.scale_type,
-            gather: self.gather,
-            fuse: self.fuse,
-        };
-        let counts = DeviceCounts {
-            replica_count: self.replica_count,
-            num_partitions: self.num_partitions,
-        };
-        checked(pass, counts, self.disabled_passes)
-    }
-}
-
-/// Validates assembled options.
-fn checked(
-    pass: Options,
-    counts: DeviceCounts,
-    disabled_passes: Vec<String>,
-) -> Result<RewriteOptions, DoorError> {
-    let options = RewriteOptions {
-        pass,
-        counts,
-        disabled_passes,
-    };
-    options.validate().map_err(DoorError::Options)?;
-    Ok(options)
-}
-
-/// Parses the JSON options of the C ABI, Python and PJRT doors. An empty
-/// string means all defaults.
+/// Parses the JSON options of the C ABI, Python and PJRT doors (see
+/// [`crate::options`], the one list of options). An empty string means all
+/// defaults; absent keys keep their defaults; an unknown key is an error.
 pub fn parse_options(json: &str) -> Result<RewriteOptions, DoorError> {
-    if json.trim().is_empty() {
-        return JsonOptions::default().into_rewrite_options();
-    }
-    let o: JsonOptions =
-        serde_json::from_str(json).map_err(|e| DoorError::Options(format!("options JSON: {e}")))?;
-    o.into_rewrite_options()
+    crate::options::from_json(json).map_err(DoorError::Options)
 }
 
 /// What a door hands back.
@@ -214,6 +106,8 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::PrimitiveType;
+    use crate::{DeviceCounts, GatherForm, Options, ScaleType};
 
     #[test]
     fn empty_options_are_the_defaults() {
@@ -251,7 +145,7 @@ mod tests {
     #[test]
     fn bad_options_say_what_is_wrong() {
         let err = |j: &str| parse_options(j).unwrap_err().to_string();
-        assert!(err(r#"{"blok_size": 1}"#).contains("unknown field `blok_size`"));
+        assert!(err(r#"{"blok_size": 1}"#).contains("unknown option \"blok_size\""));
         assert!(err(r#"{"block_size": 0}"#).contains("block size must be in 1..="));
         assert!(err(r#"{"types": ["s32"]}"#).contains(r#""s32" is not one of bf16, f16, f32"#));
         assert!(err(r#"{"replica_count": 0}"#).contains("replica_count must be at least 1"));

@@ -11,8 +11,10 @@ use super::groups::ReplicaGroups;
 use super::{CompId, InstrId, Module, infer, shape};
 use crate::proto::hlo_instruction_proto::{ReplicaGroupList, SliceDimensions};
 use crate::proto::{
-    CollectiveDeviceListProto, HloInstructionProto, LiteralProto, OpMetadata, PaddingConfig,
-    PrimitiveType, ReplicaGroup, ShapeProto, SourceTarget, padding_config::PaddingConfigDimension,
+    CollectiveDeviceListProto, DotDimensionNumbers, HloComputationProto, HloInstructionProto,
+    LiteralProto, OpMetadata, PaddingConfig, PrecisionConfig, PrimitiveType, ProgramShapeProto,
+    ReplicaGroup, ShapeProto, SourceTarget, padding_config::PaddingConfigDimension,
+    precision_config::Precision,
 };
 
 /// An emitted (or existing) instruction and its shape.
@@ -55,6 +57,42 @@ impl<'m> Builder<'m> {
 
     pub fn fresh_channel_id(&mut self) -> i64 {
         self.module.fresh_channel_id()
+    }
+
+    /// Builds a new computation `name(params...)` with `f`, placed before
+    /// the one this builder emits into (callees come first). `f` gets a
+    /// builder for the new computation and its parameters, and returns its
+    /// root. The new instructions carry this builder's metadata.
+    pub fn computation(
+        &mut self,
+        name: &str,
+        params: &[ShapeProto],
+        f: impl FnOnce(&mut Builder<'_>, Vec<Value>) -> Value,
+    ) -> CompId {
+        let header = HloComputationProto {
+            name: name.to_string(),
+            program_shape: Some(ProgramShapeProto {
+                parameters: params.to_vec(),
+                result: None,
+                parameter_names: vec![],
+            }),
+            ..Default::default()
+        };
+        let comp = self.module.add_computation(header, false, Some(self.comp));
+        let mut inner = Builder::new(self.module, comp, self.metadata.clone());
+        let args: Vec<Value> = params
+            .iter()
+            .enumerate()
+            .map(|(n, s)| inner.parameter(n as i64, s.clone()))
+            .collect();
+        let root = f(&mut inner, args);
+        match inner.finish() {
+            Ok(instrs) => self.module.append(comp, instrs, root.id, root.shape),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        comp
     }
 
     /// How many instructions have been emitted so far.
@@ -143,6 +181,15 @@ impl<'m> Builder<'m> {
         let mut i = Self::op_with_shape("constant", shape);
         i.literal = Some(Box::new(literal));
         self.add(i, &[])
+    }
+
+    /// An f32 array constant of `dims` (row-major values).
+    pub fn f32_array(&mut self, v: &[f32], dims: &[i64]) -> Value {
+        self.constant(LiteralProto {
+            shape: Some(shape::array(PrimitiveType::F32, dims)),
+            f32s: v.to_vec(),
+            ..Default::default()
+        })
     }
 
     pub fn f32_scalar(&mut self, v: f32) -> Value {
@@ -353,6 +400,84 @@ impl<'m> Builder<'m> {
         self.add(i, &[x])
     }
 
+    pub fn parameter(&mut self, number: i64, shape: ShapeProto) -> Value {
+        let mut i = Self::op_with_shape("parameter", shape);
+        i.parameter_number = number;
+        self.add_named(i, &[], "param")
+    }
+
+    /// `while(init), condition=condition, body=body`.
+    pub fn while_loop(&mut self, init: &Value, condition: CompId, body: CompId) -> Value {
+        let mut i = Self::op_with_shape("while", init.shape.clone());
+        // XLA stores a while's computations as [body, condition].
+        i.called_computation_ids = vec![body.0, condition.0];
+        self.add(i, &[init])
+    }
+
+    /// `dot(lhs, rhs)` contracting one dimension of each, no batch
+    /// dimensions; the result is lhs's free dimensions, then rhs's.
+    pub fn dot(
+        &mut self,
+        lhs: &Value,
+        rhs: &Value,
+        lhs_contracting: i64,
+        rhs_contracting: i64,
+        precision: Precision,
+    ) -> Value {
+        let mut i = Self::op_with_shape("dot", shape::scalar(PrimitiveType::F32));
+        i.dot_dimension_numbers = Some(Box::new(DotDimensionNumbers {
+            lhs_contracting_dimensions: vec![lhs_contracting],
+            rhs_contracting_dimensions: vec![rhs_contracting],
+            ..Default::default()
+        }));
+        i.precision_config = Some(Box::new(PrecisionConfig {
+            operand_precision: vec![precision as i32; 2],
+            ..Default::default()
+        }));
+        self.add(i, &[lhs, rhs])
+    }
+
+    /// `reduce-precision(x)` to f32's exponent and `mantissa_bits`.
+    pub fn reduce_precision(&mut self, x: &Value, mantissa_bits: i32) -> Value {
+        let mut i = Self::op("reduce-precision");
+        i.exponent_bits = 8;
+        i.mantissa_bits = mantissa_bits;
+        self.add(i, &[x])
+    }
+
+    /// An array all-to-all: `x` is split along `dim` into one piece per
+    /// group member, piece k goes to member k, and the received pieces are
+    /// concatenated along `dim` in member order.
+    pub fn all_to_all(
+        &mut self,
+        x: &Value,
+        dim: i64,
+        groups: &[Vec<i64>],
+        channel: Option<i64>,
+    ) -> Value {
+        let mut i = Self::op("all-to-all");
+        i.dimensions = vec![dim];
+        i.channel_id = channel.unwrap_or(0);
+        i.replica_group_list = Some(Self::group_list(groups));
+        self.add(i, &[x])
+    }
+
+    /// A tuple all-to-all: piece k of `pieces` goes to group member k, and
+    /// element k of the result comes from member k.
+    pub fn all_to_all_tuple(
+        &mut self,
+        pieces: &[Value],
+        groups: &[Vec<i64>],
+        channel: Option<i64>,
+    ) -> Value {
+        let shape = shape::tuple(pieces.iter().map(|v| v.shape.clone()).collect());
+        let mut i = Self::op_with_shape("all-to-all", shape);
+        i.channel_id = channel.unwrap_or(0);
+        i.replica_group_list = Some(Self::group_list(groups));
+        let ops: Vec<&Value> = pieces.iter().collect();
+        self.add(i, &ops)
+    }
+
     pub fn replica_id(&mut self) -> Value {
         self.add(Self::op("replica-id"), &[])
     }
@@ -420,19 +545,21 @@ impl<'m> Builder<'m> {
         i.dimensions = vec![dim];
         i.channel_id = channel.unwrap_or(0);
         i.use_global_device_ids = use_global_device_ids;
-        i.replica_group_list = Some(ReplicaGroupList::CollectiveDeviceList(
-            CollectiveDeviceListProto {
-                replica_groups: groups
-                    .iter()
-                    .map(|g| ReplicaGroup {
-                        replica_ids: g.clone(),
-                    })
-                    .collect(),
-                iota_replica_group_list: None,
-            },
-        ));
+        i.replica_group_list = Some(Self::group_list(groups));
         debug_assert!(ReplicaGroups::of(&i).is_ok());
         self.add(i, &[x])
+    }
+
+    fn group_list(groups: &[Vec<i64>]) -> ReplicaGroupList {
+        ReplicaGroupList::CollectiveDeviceList(CollectiveDeviceListProto {
+            replica_groups: groups
+                .iter()
+                .map(|g| ReplicaGroup {
+                    replica_ids: g.clone(),
+                })
+                .collect(),
+            iota_replica_group_list: None,
+        })
     }
 }
 

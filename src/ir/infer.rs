@@ -54,10 +54,6 @@ const BINARY: &[&str] = &[
     "shift-right-logical",
 ];
 
-pub fn is_elementwise_binary(opcode: &str) -> bool {
-    BINARY.contains(&opcode)
-}
-
 /// The shape `instr` must have given its operands' shapes. `Ok(None)` means
 /// equarx does not model the op's shape (nothing inconsistent was found).
 pub fn expected_shape(
@@ -417,6 +413,64 @@ pub fn expected_shape(
                 .and_then(|n| dims[d as usize].checked_mul(n))
                 .ok_or("all-gather result dimension overflows")?;
             shape::with_dims(x, &dims)
+        }
+        "reduce-precision" => {
+            arity(1)?;
+            array_operand(0)?.clone()
+        }
+        "while" => {
+            arity(1)?;
+            operands[0].clone()
+        }
+        "all-to-all" if operands.len() == 1 && !instr.dimensions.is_empty() => {
+            array_operand(0)?.clone()
+        }
+        "dot" => {
+            arity(2)?;
+            let (l, r) = (array_operand(0)?, array_operand(1)?);
+            let Some(dn) = instr.dot_dimension_numbers.as_ref() else {
+                return Err("dot without dimension numbers".into());
+            };
+            let valid =
+                |dims: &[i64], rank: usize| dims.iter().all(|&d| d >= 0 && (d as usize) < rank);
+            if !valid(&dn.lhs_contracting_dimensions, l.dimensions.len())
+                || !valid(&dn.lhs_batch_dimensions, l.dimensions.len())
+                || !valid(&dn.rhs_contracting_dimensions, r.dimensions.len())
+                || !valid(&dn.rhs_batch_dimensions, r.dimensions.len())
+            {
+                return Err("dot dimension out of range".into());
+            }
+            let size = |s: &ShapeProto, ds: &[i64]| -> Vec<i64> {
+                ds.iter().map(|&d| s.dimensions[d as usize]).collect()
+            };
+            if size(l, &dn.lhs_contracting_dimensions) != size(r, &dn.rhs_contracting_dimensions)
+                || size(l, &dn.lhs_batch_dimensions) != size(r, &dn.rhs_batch_dimensions)
+            {
+                return Err("dot contracting or batch dimensions differ in size".into());
+            }
+            let free = |s: &ShapeProto, used: [&[i64]; 2]| -> Vec<i64> {
+                (0..s.dimensions.len() as i64)
+                    .filter(|d| !used[0].contains(d) && !used[1].contains(d))
+                    .map(|d| s.dimensions[d as usize])
+                    .collect()
+            };
+            let mut dims = size(l, &dn.lhs_batch_dimensions);
+            dims.extend(free(
+                l,
+                [&dn.lhs_batch_dimensions, &dn.lhs_contracting_dimensions],
+            ));
+            dims.extend(free(
+                r,
+                [&dn.rhs_batch_dimensions, &dn.rhs_contracting_dimensions],
+            ));
+            // The result type may differ from the operands' (a preferred
+            // element type): the declared one counts.
+            let ty = declared
+                .map(|d| d.element_type)
+                .filter(|&t| t != PrimitiveType::Invalid as i32)
+                .unwrap_or(l.element_type);
+            let ty = PrimitiveType::try_from(ty).unwrap_or(PrimitiveType::F32);
+            shape::array(ty, &dims)
         }
         "reduce" => {
             if operands.is_empty() || operands.len() % 2 != 0 {

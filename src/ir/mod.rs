@@ -10,9 +10,12 @@
 //! integers. New ids follow whichever scheme the module uses.
 
 pub mod builder;
+pub mod devices;
 pub mod groups;
 pub mod infer;
 pub mod shape;
+
+pub use devices::DeviceCounts;
 
 use std::collections::BTreeMap;
 
@@ -472,6 +475,31 @@ impl Module {
         self.comps.insert(at, Computation::new(comp));
         self.reindex_comps();
         id
+    }
+
+    /// Appends `instrs` (operands before users, ids of this computation) to
+    /// computation `comp`, makes `root` its root with result `result`, and
+    /// extends its schedule sequence, if any.
+    pub fn append(
+        &mut self,
+        comp: CompId,
+        instrs: Vec<HloInstructionProto>,
+        root: InstrId,
+        result: crate::proto::ShapeProto,
+    ) {
+        let ids: Vec<i64> = instrs.iter().map(|i| i.id).collect();
+        let Some(c) = self.computation_mut(comp) else {
+            return;
+        };
+        c.instrs.extend(instrs);
+        c.header.root_id = root.0;
+        if let Some(ps) = c.header.program_shape.as_mut() {
+            ps.result = Some(result);
+        }
+        c.reindex();
+        if let Some(seq) = self.sequence_mut(comp) {
+            seq.extend(ids);
+        }
     }
 
     /// Positions of the computations by id (the first of duplicate ids,

@@ -1,32 +1,42 @@
 //! The error model: how far the quantized all-reduce lands from the exact
-//! sum, predicted from the configuration (and, for tests, from the data).
+//! sum, predicted from the plan (and, for tests, from the data).
 //!
 //! Each quantization adds an error uniform in ±step/2 with
 //! `step = absmax/127`, i.e. a variance of `absmax²/(12·127²)`. Write
-//! `κ² = E[absmax²]/E[v²]` for a block's crest factor. A chunk is quantized
-//! after 1, 2, …, P−1 contributions on its way round the ring and once more,
-//! complete, for the all-gather. With independent contributions of equal
-//! variance σ², the partial after k of them has variance kσ², so the error
-//! variance is `κ²σ²/(12·127²) · Σ_{k=1..P} k` against `Pσ²` for the sum:
+//! `κ² = E[absmax²]/E[v²]` for a block's crest factor. A quantized value
+//! that holds `k` independent device contributions of variance σ² has
+//! variance `kσ²`, so it adds `κ²kσ²/(12·127²)` of error variance; the
+//! complete sum has variance `Pσ²`. The plan says how many contributions
+//! every quantization on a value's way held ([`Plan::noise_weight`]:
+//! `w = Σk/P`), so
 //!
 //! ```text
-//! relative RMS error = κ · sqrt((P + 1) / (24 · 127²))
+//! relative RMS error = κ · sqrt(w / (12 · 127²))
+//! ring: w = (P+1)/2    two-shot: w = 2    two-level P1×P2: w = (P1+P2)/2
 //! ```
 //!
 //! Correlated contributions (the same values on every device) give a
 //! smaller figure, so this one is the conservative choice. For Gaussian
-//! data κ² depends only on the block size ([`gaussian_crest_sq`]); real
-//! activations with outlier channels have larger κ, which is why blocks stay
-//! small. Rounding the result to the output type adds its own error in
-//! quadrature ([`output_rounding_rel_rms`]).
+//! data κ² depends only on the block size ([`gaussian_crest_sq`]), and a
+//! rotation leaves Gaussian blocks Gaussian. Real activations with outlier
+//! channels have larger κ (one outlier sets its block's step); rotated,
+//! such a block's energy is spread evenly and its κ falls to the Gaussian
+//! value or below. Rounding the result to the output type adds its own
+//! error in quadrature ([`output_rounding_rel_rms`]).
 
 use super::QMAX;
+use crate::plan::Plan;
 
-/// Predicted relative RMS error of the quantized ring against the exact sum
-/// for group size `p` and block crest factor `crest_sq` (κ²).
-pub fn ring_rel_rms(p: usize, crest_sq: f64) -> f64 {
+/// Relative RMS error of quantizations whose plan has noise weight `w`
+/// ([`Plan::noise_weight`]), for blocks of crest factor `crest_sq` (κ²).
+pub fn quantization_rel_rms(w: f64, crest_sq: f64) -> f64 {
     let q = f64::from(QMAX);
-    (crest_sq * (p as f64 + 1.0) / (24.0 * q * q)).sqrt()
+    (crest_sq * w / (12.0 * q * q)).sqrt()
+}
+
+/// The paper's ring over `p` ranks: `w = (P+1)/2`.
+pub fn ring_rel_rms(p: usize, crest_sq: f64) -> f64 {
+    quantization_rel_rms((p as f64 + 1.0) / 2.0, crest_sq)
 }
 
 /// κ² = E[max of `block` |N(0,1)|²]: the crest factor of Gaussian blocks
@@ -66,12 +76,12 @@ pub fn output_rounding_rel_rms(mantissa_bits: u32) -> f64 {
     2f64.powi(-(mantissa_bits as i32)) / (12.0 * e_m2).sqrt()
 }
 
-/// The predicted relative RMS error for a configuration on Gaussian data,
-/// including rounding the result to a type with `mantissa_bits`.
-pub fn predicted_rel_rms(p: usize, block: usize, mantissa_bits: u32) -> f64 {
-    let ring = ring_rel_rms(p, gaussian_crest_sq(block));
+/// The predicted relative RMS error of `plan` on Gaussian data, including
+/// rounding the result to a type with `mantissa_bits`.
+pub fn predicted_rel_rms(plan: &Plan, mantissa_bits: u32) -> f64 {
+    let quant = quantization_rel_rms(plan.noise_weight(), gaussian_crest_sq(plan.block()));
     let out = output_rounding_rel_rms(mantissa_bits);
-    (ring * ring + out * out).sqrt()
+    (quant * quant + out * out).sqrt()
 }
 
 /// κ² measured on data: mean over blocks of absmax², over mean of v².
@@ -122,7 +132,10 @@ mod tests {
     #[test]
     fn error_grows_with_group_and_block_size() {
         assert!(ring_rel_rms(8, 8.0) > ring_rel_rms(2, 8.0));
-        assert!(predicted_rel_rms(8, 512, 7) > predicted_rel_rms(8, 32, 7));
+        assert!(
+            quantization_rel_rms(2.0, gaussian_crest_sq(512))
+                > quantization_rel_rms(2.0, gaussian_crest_sq(32))
+        );
         // P = 8, B = 128: about 1.4 % for Gaussian data.
         let e = ring_rel_rms(8, gaussian_crest_sq(128));
         assert!((0.012..0.016).contains(&e), "{e}");

@@ -9,12 +9,13 @@
 //! - **Scale.** `scale = absmax · fl(1/127)`: a multiplication by the f32
 //!   reciprocal, not a division, because XLA rewrites division by a constant
 //!   into that multiplication on some backends; writing it explicitly makes
-//!   every backend compute the same bits. The f32 scale then keeps only its
-//!   top 17 significant bits (the low 7 mantissa bits are cleared, rounding
-//!   toward zero): a 7-bit code times a 17-bit scale is exact in f32, so a
-//!   hop's `code·scale + partial` is one rounding whether or not a backend
-//!   fuses it into a multiply-add. The scale shrinks by at most 2⁻¹⁷ of
-//!   itself, which only lets `|v/scale|` reach 127.002 before the clamp.
+//!   every backend compute the same bits. The scale is then rounded (to
+//!   nearest, ties to even; HLO `reduce-precision`) to the bits that travel:
+//!   bf16's 8 significant bits, or 17 for f32 scales. A 7-bit code times a
+//!   scale of at most 17 significant bits is exact in f32, so a hop's
+//!   `code·scale + partial` is one rounding whether or not a backend fuses
+//!   it into a multiply-add. Rounding down can make `|v/scale|` reach 127.5
+//!   before the clamp.
 //! - **Codes.** `q = clamp(round_nearest_even(v · r), -127, 127)` as s8,
 //!   with one reciprocal `r = fl(1/scale)` per block (XLA turns a division
 //!   by a broadcast scalar into exactly that, and only sometimes, so the
@@ -22,9 +23,19 @@
 //!   and `q = 0`.
 //! - **Dequantize.** `q · scale` in f32. Sums are accumulated in f32, never in
 //!   the narrow type.
-//! - **Non-finite input.** A NaN or Inf makes its block's absmax, hence its
-//!   scale, non-finite; `q · scale` is then NaN or Inf for the whole block,
-//!   and stays so through every later hop. Never a finite wrong value.
+//! - **Rotation.** With `--rotation hadamard` every block is multiplied by
+//!   the orthonormal Hadamard matrix `H_B/√B` once, before the first
+//!   quantization, and by it again (it is its own inverse) after the last
+//!   dequantization. Forward, each output is a sum over the block taken in
+//!   index order (XLA:CPU's dot order). Back, the integer codes are rotated
+//!   first and scaled after, `(H·q)·(scale/√B)`: the integer sums are
+//!   exact in f32 in any order, so every backend and the simulator agree.
+//! - **Non-finite input.** A NaN or Inf counts as an infinite magnitude, so
+//!   its block's absmax and scale are Inf (backends' vectorized max
+//!   reductions may drop a NaN — XLA:CPU's do from 64 rows on — but never
+//!   an Inf). The reciprocal is then 0, every code 0, and `0 · Inf` makes
+//!   the whole block NaN, through every later hop. Never a finite wrong
+//!   value. Rotation spreads a NaN or Inf over its whole block first.
 //! - **Bit-identical participants.** The owner of a chunk does not keep its
 //!   f32 sum: it quantizes it once and every participant, the owner
 //!   included, dequantizes the same int8 codes and scales with the same
@@ -33,25 +44,7 @@
 pub mod error;
 pub mod simulate;
 
-/// How the scales travel: f32, or rounded to bf16 (the codes are then
-/// computed against the rounded scale, so codes and scale agree).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum ScaleType {
-    F32,
-    Bf16,
-}
-
-impl ScaleType {
-    pub fn bytes(self) -> usize {
-        match self {
-            ScaleType::F32 => 4,
-            ScaleType::Bf16 => 2,
-        }
-    }
-}
+pub use crate::plan::ScaleType;
 
 /// Largest code magnitude: codes lie in `[-127, 127]` (symmetric, no -128).
 pub const QMAX: f32 = 127.0;
@@ -59,26 +52,39 @@ pub const QMAX: f32 = 127.0;
 /// `fl(1/127)`, the f32 constant the scale is computed with.
 pub const INV_QMAX: f32 = 1.0 / 127.0;
 
-/// Keeps an f32's sign, exponent and top 16 mantissa bits (17 significant
-/// bits with the implicit one).
-pub const SCALE_MASK: u32 = 0xFFFF_FF80;
+/// Significant bits the scale keeps, by scale type (without the implicit
+/// one: HLO `reduce-precision`'s `mantissa_bits`).
+pub fn scale_mantissa_bits(scale_type: ScaleType) -> u32 {
+    match scale_type {
+        ScaleType::F32 => 16,
+        ScaleType::Bf16 => 7,
+    }
+}
+
+/// HLO `reduce-precision(x)` with f32's exponent and `mantissa_bits`:
+/// rounds to nearest, ties to even; NaN stays NaN.
+pub fn reduce_precision(x: f32, mantissa_bits: u32) -> f32 {
+    if x.is_nan() || mantissa_bits >= 23 {
+        return x;
+    }
+    let drop = 23 - mantissa_bits;
+    let bits = x.to_bits();
+    let lsb = (bits >> drop) & 1;
+    let rounded = bits.wrapping_add((1 << (drop - 1)) - 1 + lsb) & !((1u32 << drop) - 1);
+    f32::from_bits(rounded)
+}
 
 /// The scale of a block: `absmax · fl(1/127)`, rounded to the scale type;
-/// NaN if the block holds one.
+/// infinite if the block holds a NaN or an Inf.
 pub fn block_scale(v: &[f32], scale_type: ScaleType) -> f32 {
-    // f32::max ignores NaN; XLA's maximum propagates it, and so do we.
     let absmax = v.iter().fold(0.0f32, |m, &x| {
-        if m.is_nan() || x.is_nan() {
-            f32::NAN
+        m.max(if x.is_finite() {
+            x.abs()
         } else {
-            m.max(x.abs())
-        }
+            f32::INFINITY
+        })
     });
-    let scale = absmax * INV_QMAX;
-    match scale_type {
-        ScaleType::F32 => f32::from_bits(scale.to_bits() & SCALE_MASK),
-        ScaleType::Bf16 => half::bf16::from_f32(scale).to_f32(),
-    }
+    reduce_precision(absmax * INV_QMAX, scale_mantissa_bits(scale_type))
 }
 
 /// Quantizes one block: codes and the block's scale.
@@ -99,6 +105,51 @@ pub fn code(x: f32, recip: f32) -> i8 {
 /// Dequantizes codes with their block's scale.
 pub fn dequantize(codes: &[i8], scale: f32) -> impl Iterator<Item = f32> + '_ {
     codes.iter().map(move |&q| f32::from(q) * scale)
+}
+
+/// `fl(1/√B)`, the factor that makes `H_B` orthonormal (exact for B a
+/// power of four).
+pub fn hadamard_norm(block: usize) -> f32 {
+    (1.0 / (block as f64).sqrt()) as f32
+}
+
+/// Entry `(k, j)` of the Sylvester Hadamard matrix: ±1, by the parity of
+/// the bits `k` and `j` share.
+pub fn hadamard_sign(k: usize, j: usize) -> f32 {
+    if (k & j).count_ones() % 2 == 0 {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+/// Rotates one block forward: `y_j = Σ_k x_k · (H_kj/√B)`, summed in index
+/// order (what XLA:CPU's dot does; the emitted HLO is that dot).
+pub fn rotate_block(x: &[f32]) -> Vec<f32> {
+    let n = hadamard_norm(x.len());
+    (0..x.len())
+        .map(|j| {
+            x.iter()
+                .enumerate()
+                .fold(0.0f32, |acc, (k, &v)| acc + v * (hadamard_sign(k, j) * n))
+        })
+        .collect()
+}
+
+/// Dequantizes a rotated block and rotates it back:
+/// `(H·q)_j · (scale·fl(1/√B))`, the integer sum exact in any order.
+pub fn dequantize_rotated(codes: &[i8], scale: f32) -> Vec<f32> {
+    let s = scale * hadamard_norm(codes.len());
+    (0..codes.len())
+        .map(|j| {
+            let h: f32 = codes
+                .iter()
+                .enumerate()
+                .map(|(k, &q)| f32::from(q) * hadamard_sign(k, j))
+                .sum();
+            h * s
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -128,6 +179,45 @@ mod tests {
             let (q, s) = quantize_block(&[1.0, bad, -2.0], ScaleType::F32);
             assert!(dequantize(&q, s).all(|x| !x.is_finite()), "{bad}");
         }
+    }
+
+    #[test]
+    fn reduce_precision_rounds_to_nearest_even() {
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7 in bf16: even is 1.
+        assert_eq!(reduce_precision(1.0 + 1.0 / 256.0, 7), 1.0);
+        assert_eq!(reduce_precision(1.0 + 3.0 / 256.0, 7), 1.0 + 4.0 / 256.0);
+        for x in [0.3f32, 1e-20, 6.5e4, -123.456] {
+            assert_eq!(reduce_precision(x, 7), half::bf16::from_f32(x).to_f32());
+        }
+        assert!(reduce_precision(f32::NAN, 7).is_nan());
+        assert_eq!(reduce_precision(f32::INFINITY, 16), f32::INFINITY);
+    }
+
+    #[test]
+    fn rotation_is_orthonormal_and_its_own_inverse() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+        let y = rotate_block(&x);
+        let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+        assert!((norm(&x) - norm(&y)).abs() < 1e-3);
+        let back = rotate_block(&y);
+        for (a, b) in x.iter().zip(&back) {
+            assert!((a - b).abs() < 1e-5, "{a} {b}");
+        }
+        // One outlier spreads evenly over the block.
+        let mut spike = vec![0.0f32; 64];
+        spike[5] = 800.0;
+        assert!(rotate_block(&spike).iter().all(|v| v.abs() == 100.0));
+    }
+
+    #[test]
+    fn rotation_spreads_non_finite_values_over_the_block() {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut x = vec![1.0f32; 64];
+            x[3] = bad;
+            assert!(rotate_block(&x).iter().all(|v| !v.is_finite()), "{bad}");
+        }
+        let (q, s) = quantize_block(&[f32::NAN; 64], ScaleType::Bf16);
+        assert!(dequantize_rotated(&q, s).iter().all(|v| v.is_nan()));
     }
 
     #[test]

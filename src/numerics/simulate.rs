@@ -1,19 +1,21 @@
-//! A bit-exact reference of the emitted ring, and the baselines it is
+//! A bit-exact reference of the emitted all-reduce, and the baselines it is
 //! judged against. `equarx simulate` prints their errors; a test holds the
 //! reference to what XLA computes when it runs the rewritten module.
 //!
-//! The reference follows the emitted HLO op for op: the same chunks, lanes
-//! and blocks ([`RingPlan`]), the same hop order (the chunk that rank `j`
-//! ends up owning starts at rank `j + dir` and picks up one contribution per
-//! hop, the owner's last), the same quantize and dequantize
-//! ([`super::quantize_block`]), f32 accumulation with one add per hop.
-//! Whether a backend contracts a hop's dequantize-multiply and add into one
-//! fused multiply-add is its choice (XLA:CPU does for some hops and not for
-//! others); the scale's 17-bit significand makes both give the same bits,
-//! and `fma` lets the tests show it.
+//! The reference runs the [`Plan`]'s phases on numbers, op for op as the
+//! emitter writes them: the same chunks, lanes and blocks, the same hop
+//! order (the chunk that rank `j` ends up owning starts at rank `j + dir`
+//! of its axis and picks up one contribution per hop, the owner's last), the
+//! exchange's sum in rank order, the same quantize and dequantize
+//! ([`super::quantize_block`]), the same rotation ([`super::rotate_block`],
+//! [`super::dequantize_rotated`]), f32 accumulation. Whether a backend
+//! contracts a dequantize-multiply and add into one fused multiply-add is
+//! its choice (XLA:CPU does for some hops and not for others); scales of at
+//! most 17 significant bits make both give the same bits, and `fma` lets the
+//! tests show it.
 
-use super::{ScaleType, dequantize, quantize_block};
-use crate::passes::quantized_all_reduce::plan::RingPlan;
+use super::{ScaleType, dequantize, dequantize_rotated, quantize_block, rotate_block};
+use crate::plan::{Algorithm, Axis, Config, Phase, Plan, Rotation};
 
 /// A small deterministic generator (splitmix64): seeded, reproducible
 /// inputs without extra crates.
@@ -56,6 +58,9 @@ pub enum Distribution {
     /// LLM activations: Gaussian with a few channels (1 in 64 of the last
     /// dimension, the same on every device) 100× larger.
     LlmActivations,
+    /// Gaussian with 0.1 % of the values, drawn at random on each device,
+    /// 100× larger.
+    Outliers,
 }
 
 impl Distribution {
@@ -90,6 +95,10 @@ impl Distribution {
                                     x
                                 }
                             }
+                            Distribution::Outliers => {
+                                let x = rng.gaussian();
+                                if rng.uniform() < 1e-3 { 100.0 * x } else { x }
+                            }
                         };
                         let x = x as f32;
                         if bf16 {
@@ -104,43 +113,136 @@ impl Distribution {
     }
 }
 
-/// What every rank holds after the quantized ring over `inputs` (one
-/// payload per rank, all of the same length), before rounding to the
-/// output type.
-pub fn quantized_ring(inputs: &[Vec<f32>], plan: &RingPlan, fma: bool) -> Vec<f32> {
-    let p = plan.group_size;
+/// What every rank holds after the quantized all-reduce of `plan` over
+/// `inputs` (one payload per rank, all of the same length), before
+/// rounding to the output type.
+pub fn quantized_all_reduce(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<f32> {
+    let (c, b, st) = (plan.chunk, plan.block(), plan.scale_type());
     let n = inputs.first().map_or(0, Vec::len);
-    let padded: Vec<Vec<f32>> = inputs
+    let rotated = plan.config.rotation == Rotation::Hadamard;
+    // held[r][t]: rank r's value of chunk t (None once it gave it away).
+    let mut held: Vec<Vec<Option<Vec<f32>>>> = inputs
         .iter()
         .map(|x| {
             let mut v = x.clone();
             v.resize(plan.padded(), 0.0);
-            v
+            if rotated {
+                v = v.chunks(b).flat_map(rotate_block).collect();
+            }
+            v.chunks(c).map(|chunk| Some(chunk.to_vec())).collect()
         })
         .collect();
     let mut out = vec![0.0f32; plan.padded()];
-    let (b, st) = (plan.block, plan.scale_type);
-    for owner in 0..p {
-        for lane in &plan.lanes {
-            let start = owner * plan.chunk + lane.offset;
-            let range = start..start + lane.len;
-            let rank =
-                |h: usize| (owner as i64 + lane.dir * h as i64).rem_euclid(p as i64) as usize;
-            let mut part = padded[rank(1)][range.clone()].to_vec();
-            for h in 2..=p {
-                let own = &padded[rank(h)][range.clone()];
-                part = hop(&part, own, b, st, fma);
-            }
-            for (block, dst) in part.chunks(b).zip(out[range].chunks_mut(b)) {
-                let (q, s) = quantize_block(block, st);
-                dst.iter_mut()
-                    .zip(dequantize(&q, s))
-                    .for_each(|(d, v)| *d = v);
+    for phase in &plan.phases {
+        match *phase {
+            Phase::Ring { axis } => ring_phase(&mut held, axis, plan, fma),
+            Phase::Exchange { axis } => exchange_phase(&mut held, axis, b, st, fma),
+            Phase::Gather => {
+                for (t, chunks) in held.iter().enumerate() {
+                    let owned = chunks[t].as_ref().expect("rank t owns chunk t");
+                    for (k, block) in owned.chunks(b).enumerate() {
+                        let (q, s) = quantize_block(block, st);
+                        let at = t * c + k * b;
+                        let dst = &mut out[at..at + b];
+                        if rotated {
+                            dst.copy_from_slice(&dequantize_rotated(&q, s));
+                        } else {
+                            dst.iter_mut()
+                                .zip(dequantize(&q, s))
+                                .for_each(|(d, v)| *d = v);
+                        }
+                    }
+                }
             }
         }
     }
     out.truncate(n);
     out
+}
+
+/// The coordinate of rank (or chunk) `r` on `axis`, and the rank that
+/// differs from `r` only in having coordinate `a` there.
+fn coordinate(r: usize, axis: Axis) -> usize {
+    (r / axis.stride) % axis.size
+}
+
+fn with_coordinate(r: usize, axis: Axis, a: usize) -> usize {
+    r - coordinate(r, axis) * axis.stride + a * axis.stride
+}
+
+/// Every rank ends up with the chunks whose coordinate on `axis` is its
+/// own, summed over the axis, by requantizing hops round the axis's ring.
+fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: bool) {
+    let (q, b, st) = (axis.size as i64, plan.block(), plan.scale_type());
+    let before: Vec<Vec<Option<Vec<f32>>>> = held.to_vec();
+    for (r, chunks) in held.iter_mut().enumerate() {
+        for (t, slot) in chunks.iter_mut().enumerate() {
+            if slot.is_none() {
+                continue;
+            }
+            if coordinate(t, axis) != coordinate(r, axis) {
+                *slot = None;
+                continue;
+            }
+            // Chunk t's owner on this axis is r; its chain per lane starts
+            // at coordinate a + dir and ends at a.
+            let a = coordinate(r, axis) as i64;
+            let mut sum = vec![0.0f32; plan.chunk];
+            for lane in &plan.lanes {
+                let member =
+                    |h: i64| with_coordinate(r, axis, (a + lane.dir * h).rem_euclid(q) as usize);
+                let range = lane.offset..lane.offset + lane.len;
+                let part_of = |rank: usize| &before[rank][t].as_ref().expect("held")[range.clone()];
+                let mut part = part_of(member(1)).to_vec();
+                for h in 2..=q {
+                    part = hop(&part, part_of(member(h)), b, st, fma);
+                }
+                sum[range].copy_from_slice(&part);
+            }
+            *slot = Some(sum);
+        }
+    }
+}
+
+/// Every rank ends up with the chunks whose coordinate on `axis` is its
+/// own: every member's copy quantized once, and the owner's sum of their
+/// dequantized values in rank order.
+fn exchange_phase(
+    held: &mut [Vec<Option<Vec<f32>>>],
+    axis: Axis,
+    b: usize,
+    st: ScaleType,
+    fma: bool,
+) {
+    let before: Vec<Vec<Option<Vec<f32>>>> = held.to_vec();
+    for (r, chunks) in held.iter_mut().enumerate() {
+        for (t, slot) in chunks.iter_mut().enumerate() {
+            if slot.is_none() {
+                continue;
+            }
+            if coordinate(t, axis) != coordinate(r, axis) {
+                *slot = None;
+                continue;
+            }
+            let mut sum = vec![0.0f32; slot.as_ref().map_or(0, Vec::len)];
+            for k in 0..axis.size {
+                let from = before[with_coordinate(r, axis, k)][t]
+                    .as_ref()
+                    .expect("held");
+                for (blk, acc) in from.chunks(b).zip(sum.chunks_mut(b)) {
+                    let (q, s) = quantize_block(blk, st);
+                    for (a, &c) in acc.iter_mut().zip(&q) {
+                        *a = if fma {
+                            f32::from(c).mul_add(s, *a)
+                        } else {
+                            *a + f32::from(c) * s
+                        };
+                    }
+                }
+            }
+            *slot = Some(sum);
+        }
+    }
 }
 
 /// One hop: quantize `part`, dequantize it at the receiver, add `own`.
@@ -230,22 +332,56 @@ pub fn to_bf16(v: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// One row of `equarx simulate`: the three algorithms on one configuration.
+/// One row of `equarx simulate`: one configuration against the baselines.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SweepRow {
     pub distribution: Distribution,
     pub group_size: usize,
     pub block_size: usize,
+    pub algorithm: String,
+    pub rotation: Rotation,
     pub pipeline_depth: usize,
     pub bidirectional: bool,
     /// equarx, measured (output rounded to bf16).
     pub equarx: ErrorStats,
-    /// equarx, the error model with κ² measured on these inputs.
+    /// equarx, the error model with κ² measured on these inputs (rotated
+    /// when the configuration rotates).
     pub predicted_rel_rms: f64,
     pub bf16_ring: ErrorStats,
     pub per_tensor_int8: ErrorStats,
     /// bf16-ring / equarx bytes on the wire.
     pub wire_ratio: f64,
+}
+
+/// Which reduce algorithms to sweep, resolved per group size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AlgorithmChoice {
+    Ring,
+    TwoShot,
+    /// The most balanced outer × inner grid of the group (skipped for
+    /// groups of prime size).
+    TwoLevel,
+}
+
+impl AlgorithmChoice {
+    pub fn resolve(self, p: usize) -> Option<Algorithm> {
+        match self {
+            AlgorithmChoice::Ring => Some(Algorithm::Ring),
+            AlgorithmChoice::TwoShot => Some(Algorithm::TwoShot),
+            AlgorithmChoice::TwoLevel => balanced_grid(p),
+        }
+    }
+}
+
+/// `outer × inner = p` with `outer ≤ inner` as close as possible, both at
+/// least 2; `None` for a prime (or tiny) group.
+pub fn balanced_grid(p: usize) -> Option<Algorithm> {
+    let outer = (2..=p.isqrt()).rev().find(|d| p % d == 0)?;
+    Some(Algorithm::TwoLevel {
+        outer,
+        inner: p / outer,
+    })
 }
 
 /// What to sweep.
@@ -254,6 +390,8 @@ pub struct Sweep {
     pub distributions: Vec<Distribution>,
     pub group_sizes: Vec<usize>,
     pub block_sizes: Vec<usize>,
+    pub algorithms: Vec<AlgorithmChoice>,
+    pub rotations: Vec<Rotation>,
     pub depths: Vec<usize>,
     pub bidirectional: Vec<bool>,
     /// Elements per device (bf16 payload).
@@ -264,10 +402,30 @@ pub struct Sweep {
     pub seed: u64,
 }
 
+/// κ² of the data the quantizer sees: the inputs and their sum, rotated
+/// when the configuration rotates; the largest of them.
+pub fn crest_seen(inputs: &[Vec<f32>], exact: &[f32], block: usize, rotation: Rotation) -> f64 {
+    use crate::numerics::error::measured_crest_sq;
+    let seen = |x: &[f32]| -> f64 {
+        if rotation == Rotation::Hadamard {
+            let mut v = x.to_vec();
+            v.resize(x.len().next_multiple_of(block), 0.0);
+            let r: Vec<f32> = v.chunks(block).flat_map(rotate_block).collect();
+            measured_crest_sq(&r, block)
+        } else {
+            measured_crest_sq(x, block)
+        }
+    };
+    inputs.iter().map(|x| seen(x)).fold(seen(exact), f64::max)
+}
+
 /// Runs every combination; inputs are bf16 (the all-reduce's type) and
 /// every result is rounded to bf16 as the all-reduce returns it.
+/// Combinations that cannot be planned (a two-level grid of a prime
+/// group, a rotation of a block that is no power of two) are left out.
 pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
-    use crate::numerics::error::{measured_crest_sq, output_rounding_rel_rms, ring_rel_rms};
+    use crate::numerics::error::{output_rounding_rel_rms, quantization_rel_rms};
+    use crate::plan::{Form, GatherForm, PlanError, ring_wire_bytes};
     let mut rows = Vec::new();
     for &dist in &s.distributions {
         for &p in &s.group_sizes {
@@ -277,41 +435,50 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
             let bf16_ring = error(&bf16_ring(&inputs), &exact);
             let naive = error(&to_bf16(&per_tensor_int8(&inputs)), &exact);
             for &b in &s.block_sizes {
-                let crest = inputs
-                    .iter()
-                    .map(|x| measured_crest_sq(x, b))
-                    .fold(measured_crest_sq(&exact_f32, b), f64::max);
-                let ring = ring_rel_rms(p, crest);
-                let out = output_rounding_rel_rms(7);
-                for &d in &s.depths {
-                    for &bi in &s.bidirectional {
-                        let options = crate::Options {
-                            block_size: b,
-                            pipeline_depth: d,
-                            bidirectional: bi,
-                            scale_type: s.scale_type,
-                            ..crate::Options::default()
-                        };
-                        options.validate()?;
-                        let plan =
-                            RingPlan::new(p, s.elements, &options).map_err(|e| e.to_string())?;
-                        let got = to_bf16(&quantized_ring(&inputs, &plan, true));
-                        let payload = 2 * s.elements as u64;
-                        rows.push(SweepRow {
-                            distribution: dist,
-                            group_size: p,
-                            block_size: b,
-                            pipeline_depth: d,
-                            bidirectional: bi,
-                            equarx: error(&got, &exact),
-                            predicted_rel_rms: (ring * ring + out * out).sqrt(),
-                            bf16_ring,
-                            per_tensor_int8: naive,
-                            wire_ratio: crate::passes::quantized_all_reduce::plan::ring_wire_bytes(
-                                p, payload,
-                            ) as f64
-                                / plan.wire_bytes() as f64,
-                        });
+                for &rotation in &s.rotations {
+                    if rotation == Rotation::Hadamard && !b.is_power_of_two() {
+                        continue;
+                    }
+                    let crest = crest_seen(&inputs, &exact_f32, b, rotation);
+                    let out = output_rounding_rel_rms(7);
+                    for algorithm in s.algorithms.iter().filter_map(|a| a.resolve(p)) {
+                        for &d in &s.depths {
+                            for &bi in &s.bidirectional {
+                                let config = Config {
+                                    algorithm,
+                                    rotation,
+                                    block: b,
+                                    scale_type: s.scale_type,
+                                    pipeline_depth: d,
+                                    bidirectional: bi,
+                                    gather: GatherForm::AllGather,
+                                    form: Form::Loop,
+                                };
+                                let plan = match Plan::new(p, s.elements, &config) {
+                                    Ok(plan) => plan,
+                                    Err(PlanError::BadGrid { .. }) => continue,
+                                    Err(e) => return Err(e.to_string()),
+                                };
+                                let got = to_bf16(&quantized_all_reduce(&inputs, &plan, true));
+                                let model = quantization_rel_rms(plan.noise_weight(), crest);
+                                let payload = 2 * s.elements as u64;
+                                rows.push(SweepRow {
+                                    distribution: dist,
+                                    group_size: p,
+                                    block_size: b,
+                                    algorithm: algorithm.to_string(),
+                                    rotation,
+                                    pipeline_depth: d,
+                                    bidirectional: bi,
+                                    equarx: error(&got, &exact),
+                                    predicted_rel_rms: (model * model + out * out).sqrt(),
+                                    bf16_ring,
+                                    per_tensor_int8: naive,
+                                    wire_ratio: ring_wire_bytes(p, payload) as f64
+                                        / plan.wire_bytes() as f64,
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -323,7 +490,21 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Options;
+    use crate::plan::{Form, GatherForm};
+
+    fn plan(p: usize, n: usize, algorithm: Algorithm, rotation: Rotation, block: usize) -> Plan {
+        let config = Config {
+            algorithm,
+            rotation,
+            block,
+            scale_type: ScaleType::Bf16,
+            pipeline_depth: 1,
+            bidirectional: true,
+            gather: GatherForm::AllGather,
+            form: Form::Loop,
+        };
+        Plan::new(p, n, &config).unwrap()
+    }
 
     #[test]
     fn without_quantization_error_the_ring_is_the_sum() {
@@ -335,16 +516,8 @@ mod tests {
                     .collect()
             })
             .collect();
-        let plan = RingPlan::new(
-            4,
-            256,
-            &Options {
-                block_size: 32,
-                ..Options::default()
-            },
-        )
-        .unwrap();
-        let got = quantized_ring(&inputs, &plan, false);
+        let plan = plan(4, 256, Algorithm::Ring, Rotation::None, 32);
+        let got = quantized_all_reduce(&inputs, &plan, false);
         let exact = exact_sum(&inputs);
         // Partial sums stay on the grid only while one block's values share
         // the scale; the error stays within the model, and is tiny here.
@@ -352,27 +525,71 @@ mod tests {
     }
 
     #[test]
-    fn gaussian_error_matches_the_model() {
-        let inputs = Distribution::Gaussian.generate(8, 8192, 256, true, 1);
-        let plan = RingPlan::new(8, 8192, &Options::default()).unwrap();
-        let got = quantized_ring(&inputs, &plan, true);
-        let e = error(&got, &exact_sum(&inputs)).rel_rms;
-        let model =
-            crate::numerics::error::ring_rel_rms(8, crate::numerics::error::gaussian_crest_sq(128));
-        assert!((0.7 * model..1.1 * model).contains(&e), "{e} vs {model}");
+    fn every_algorithm_matches_the_model_on_gaussian_data() {
+        use crate::numerics::error::{gaussian_crest_sq, quantization_rel_rms};
+        let inputs = Distribution::Gaussian.generate(8, 16384, 256, true, 1);
+        let exact = exact_sum(&inputs);
+        for algorithm in [
+            Algorithm::Ring,
+            Algorithm::TwoShot,
+            Algorithm::TwoLevel { outer: 2, inner: 4 },
+        ] {
+            for rotation in [Rotation::None, Rotation::Hadamard] {
+                let plan = plan(8, 16384, algorithm, rotation, 64);
+                let got = quantized_all_reduce(&inputs, &plan, true);
+                let e = error(&got, &exact).rel_rms;
+                let model = quantization_rel_rms(plan.noise_weight(), gaussian_crest_sq(64));
+                assert!(
+                    (0.8 * model..1.1 * model).contains(&e),
+                    "{algorithm} {rotation:?}: {e} vs {model}"
+                );
+            }
+        }
     }
 
     #[test]
-    fn bf16_ring_is_more_exact_than_per_tensor_int8_on_outliers() {
-        let inputs = Distribution::LlmActivations.generate(8, 4096, 256, true, 2);
+    fn fused_multiply_adds_change_no_bit() {
+        let inputs = Distribution::HeavyTailed.generate(8, 4096, 256, true, 3);
+        for algorithm in [Algorithm::Ring, Algorithm::TwoShot] {
+            let plan = plan(8, 4096, algorithm, Rotation::Hadamard, 64);
+            let a = quantized_all_reduce(&inputs, &plan, true);
+            let b = quantized_all_reduce(&inputs, &plan, false);
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+
+    #[test]
+    fn rotation_tames_outliers_and_fewer_requantizations_help() {
+        let inputs = Distribution::LlmActivations.generate(8, 8192, 256, true, 2);
         let exact = exact_sum(&inputs);
-        let ring = error(&bf16_ring(&inputs), &exact).rel_rms;
+        let err = |a, r| {
+            let got = quantized_all_reduce(&inputs, &plan(8, 8192, a, r, 64), true);
+            error(&got, &exact).rel_rms
+        };
+        let ring = err(Algorithm::Ring, Rotation::None);
+        let ring_h = err(Algorithm::Ring, Rotation::Hadamard);
+        let two_shot_h = err(Algorithm::TwoShot, Rotation::Hadamard);
+        assert!(ring_h < ring / 3.0, "ring {ring}, rotated {ring_h}");
+        assert!(two_shot_h < ring_h, "two-shot {two_shot_h}, ring {ring_h}");
         let naive = error(&per_tensor_int8(&inputs), &exact).rel_rms;
-        let plan = RingPlan::new(8, 4096, &Options::default()).unwrap();
-        let ours = error(&quantized_ring(&inputs, &plan, true), &exact).rel_rms;
+        let bf16 = error(&bf16_ring(&inputs), &exact).rel_rms;
         assert!(
-            ring < ours && ours < naive,
-            "bf16 {ring}, equarx {ours}, per-tensor {naive}"
+            bf16 < ring && ring < naive,
+            "bf16 {bf16}, equarx {ring}, per-tensor {naive}"
         );
+    }
+
+    #[test]
+    fn balanced_grids() {
+        assert_eq!(
+            balanced_grid(8),
+            Some(Algorithm::TwoLevel { outer: 2, inner: 4 })
+        );
+        assert_eq!(
+            balanced_grid(16),
+            Some(Algorithm::TwoLevel { outer: 4, inner: 4 })
+        );
+        assert_eq!(balanced_grid(7), None);
+        assert_eq!(balanced_grid(2), None);
     }
 }

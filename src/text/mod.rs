@@ -2,10 +2,17 @@
 //!
 //! The printer writes what XLA's own parser reads back: constants in full
 //! (XLA abbreviates large ones as `{...}`, which re-parses to garbage without
-//! an error), all three replica-group encodings, the stack-frame tables that
+//! an error), all three replica-group encodings, the stack-frame table that
 //! metadata points into, and a scheduled module's instructions in schedule
-//! order. The parser (`parse.rs`, grammar in its header) reads what XLA's
+//! order. The parser (`parse/`, grammar in `parse/mod.rs`) reads what XLA's
 //! printer and ours write into the `HloModuleProto` XLA's parser would make.
+//!
+//! One exception, on purpose: the stack-frame table. Both sides print it as
+//! stored, every row in order (strings C-escaped as XLA escapes them), and
+//! equarx's parser keeps it so. XLA's parser instead rebuilds it from the
+//! instructions in text order, dropping rows no instruction reaches, function
+//! names included, and renumbering the rest; it does that to its own dump
+//! text as well (`tests/stack_frames.rs`, `tests/fixtures/frames`).
 
 mod parse;
 mod print;
@@ -13,7 +20,7 @@ mod print;
 pub use parse::MAX_DEPTH;
 pub use print::{PrintError, PrintOptions, print_module, print_module_with};
 
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::proto::HloModuleProto;
 
 /// A module read from HLO text, with the device counts its header names.

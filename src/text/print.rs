@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::ir::groups::{GroupEncoding, ReplicaGroups};
 use crate::ir::shape::{self, type_name};
 use crate::proto::hlo_instruction_proto::ReplicaGroupList;
@@ -1255,8 +1255,14 @@ fn metadata(m: &OpMetadata) -> String {
     parts.join(" ")
 }
 
+/// The table exactly as stored: every row, in order, unreferenced ones too
+/// (XLA's parser drops those when it reads the text; equarx's keeps them).
 fn stack_frames(out: &mut String, s: &StackFrameIndexProto) {
-    if s.file_names.is_empty() && s.stack_frames.is_empty() {
+    if s.file_names.is_empty()
+        && s.function_names.is_empty()
+        && s.file_locations.is_empty()
+        && s.stack_frames.is_empty()
+    {
         return;
     }
     out.push_str("FileNames\n");
@@ -1673,35 +1679,26 @@ fn join<T: ToString>(v: &[T], sep: &str) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(sep)
 }
 
-/// A C-escaped, double-quoted string.
+/// A double-quoted string, escaped as XLA's printer escapes (absl::CEscape):
+/// quotes, backslash, `\n` `\r` `\t` by name, every other byte outside
+/// printable ASCII in octal, so non-ASCII names read `"ma\303\237stab"` as
+/// in XLA's dumps.
 fn quoted(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                let _ = write!(out, "\\{:03o}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    quoted_bytes(s.as_bytes())
 }
 
 fn quoted_bytes(b: &[u8]) -> String {
-    let mut out = String::from("\"");
+    let mut out = String::with_capacity(b.len() + 2);
+    out.push('"');
     for &c in b {
         match c {
             b'"' => out.push_str("\\\""),
+            b'\'' => out.push_str("\\'"),
             b'\\' => out.push_str("\\\\"),
             b'\n' => out.push_str("\\n"),
-            0x20..=0x7e => out.push(c as char),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0x20..=0x7e => out.push(char::from(c)),
             _ => {
                 let _ = write!(out, "\\{c:03o}");
             }
@@ -1737,5 +1734,16 @@ mod tests {
         assert_eq!(canonical_base("add.12"), "add");
         assert_eq!(canonical_base("param"), "param");
         assert_eq!(canonical_base("main.0_spmd"), "main.0_spmd");
+    }
+
+    #[test]
+    fn strings_are_escaped_like_xla() {
+        // As in XLA's dump of tests/fixtures/frames: octal UTF-8 bytes, \'.
+        assert_eq!(quoted("ma\u{df}stab"), r#""ma\303\237stab""#);
+        assert_eq!(quoted("na\u{ef}ve's"), r#""na\303\257ve\'s""#);
+        assert_eq!(
+            quoted("a\"b\\c\n\t\r\u{7f}\u{1}"),
+            r#""a\"b\\c\n\t\r\177\001""#
+        );
     }
 }

@@ -37,7 +37,11 @@ pub fn manifest() -> Value {
 /// Every binary module file among the fixtures (top level and `dumps/`).
 pub fn fixture_protos() -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for dir in [fixtures_dir(), fixtures_dir().join("dumps")] {
+    for dir in [
+        fixtures_dir(),
+        fixtures_dir().join("dumps"),
+        fixtures_dir().join("frames"),
+    ] {
         for e in std::fs::read_dir(&dir).expect("fixtures dir") {
             let p = e.expect("dir entry").path();
             if p.extension().is_some_and(|x| x == "pb") {

@@ -9,7 +9,7 @@ use equarx::proto::{
     IotaReplicaGroupListProto, ReplicaGroup, ShapeProto,
     device_assignment_proto::ComputationDevice,
 };
-use equarx::{Options, RewriteOptions};
+use equarx::{AlgorithmOption, Options, RewriteOptions, RotationOption};
 
 pub fn load(name: &str) -> HloModuleProto {
     equarx::io::decode(&super::fixture(name), None)
@@ -18,13 +18,16 @@ pub fn load(name: &str) -> HloModuleProto {
 }
 
 /// Test options: every eligible all-reduce is rewritten (small fixtures
-/// would not pay on a real machine), one lane, one way round the ring (the
-/// shortest text; the cases about lanes and directions set them).
+/// would not pay on a real machine) by the paper's ring, unrotated, with
+/// one lane, one way round (the shortest text; the cases about algorithms,
+/// rotation, lanes and directions set them).
 pub fn opts(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
     let mut o = Options {
         min_payload_bytes: Some(0),
         pipeline_depth: 1,
         bidirectional: false,
+        algorithm: AlgorithmOption::Ring,
+        rotation: RotationOption::None,
         ..Options::default()
     };
     edit(&mut o);

@@ -88,9 +88,10 @@ pub enum Frames {
     Exact,
     /// By content: each `stack_frame_id` becomes the chain of
     /// "file:line:column function" it points to, and the tables are not
-    /// compared. XLA re-interns the tables when it builds its module from
-    /// text (merging equal rows, renumbering frames), which our parser
-    /// cannot know; the frames each instruction points to stay the same.
+    /// compared. XLA rebuilds the table when it builds its module from text
+    /// or from a proto (in instruction order, dropping rows no instruction
+    /// reaches, renumbering the rest), which our parser does not imitate;
+    /// the frames each instruction points to stay the same.
     ByContent,
 }
 

@@ -12,9 +12,13 @@
 #![allow(dead_code)]
 
 use equarx::ir::shape;
-use equarx::passes::quantized_all_reduce::plan::{RingPlan, ring_wire_bytes};
+use equarx::passes::quantized_all_reduce::{Payload, choose_plan};
+use equarx::plan::{Plan, ring_wire_bytes};
 use equarx::proto::PrimitiveType;
-use equarx::{DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, ScaleType};
+use equarx::{
+    AlgorithmOption, DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, RotationOption,
+    ScaleType,
+};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -49,6 +53,15 @@ impl Ty {
     /// bf16, f16 and f32 are the types the pass can quantize.
     pub fn quantizable(self) -> bool {
         matches!(self, Ty::Bf16 | Ty::F16 | Ty::F32)
+    }
+
+    /// Explicit mantissa bits of the quantizable types.
+    pub fn mantissa_bits(self) -> u32 {
+        match self {
+            Ty::Bf16 => 7,
+            Ty::F16 => 10,
+            _ => 23,
+        }
     }
 
     pub fn bytes(self) -> u64 {
@@ -287,7 +300,7 @@ impl Case {
 
     /// What the pass must do, decided without it: `Some(plan)` when the
     /// all-reduce is rewritten.
-    pub fn expected(&self) -> Option<RingPlan> {
+    pub fn expected(&self) -> Option<Plan> {
         if self.reducer != "add" {
             return None;
         }
@@ -302,7 +315,15 @@ impl Case {
             return None;
         }
         let elements: u64 = joining.iter().map(|o| o.elements()).sum();
-        let plan = RingPlan::new(p, elements as usize, &self.options).ok()?;
+        // Which plan is the pass's choice (tested on its own); whether the
+        // op is rewritten at all is decided here, without the pass.
+        let mantissa = joining.iter().map(|o| o.ty.mantissa_bits()).min()?;
+        let payload_of = Payload {
+            elements: elements as usize,
+            bytes: payload,
+            mantissa_bits: mantissa,
+        };
+        let plan = choose_plan(p, &payload_of, true, &self.options).ok()?.plan;
         (plan.wire_bytes() < ring_wire_bytes(p, payload)).then_some(plan)
     }
 
@@ -353,9 +374,40 @@ pub fn options() -> impl Strategy<Value = Options> {
         select(vec![0u64, 0, 0, 0, 64, 4096]),
         types,
         select(vec![FuseMode::Auto, FuseMode::Off, FuseMode::On]),
+        select(vec![
+            AlgorithmOption::Auto,
+            AlgorithmOption::Ring,
+            AlgorithmOption::TwoShot,
+            AlgorithmOption::TwoLevel,
+        ]),
+        select(vec![
+            RotationOption::Auto,
+            RotationOption::None,
+            RotationOption::Hadamard,
+        ]),
+        any::<bool>(),
     )
         .prop_map(
-            |(block_size, pipeline_depth, bidirectional, scale_type, gather, min, types, fuse)| {
+            |(
+                block_size,
+                pipeline_depth,
+                bidirectional,
+                scale_type,
+                gather,
+                min,
+                types,
+                fuse,
+                algorithm,
+                rotation,
+                unroll,
+            )| {
+                // Hadamard needs a power-of-two block (validated): ask for
+                // none otherwise.
+                let rotation = if block_size.is_power_of_two() {
+                    rotation
+                } else {
+                    RotationOption::None
+                };
                 Options {
                     block_size,
                     pipeline_depth,
@@ -365,6 +417,9 @@ pub fn options() -> impl Strategy<Value = Options> {
                     min_payload_bytes: Some(min),
                     element_types: types.iter().map(|t| t.primitive()).collect(),
                     fuse,
+                    algorithm,
+                    rotation,
+                    unroll,
                     ..Options::default()
                 }
             },

@@ -11,7 +11,7 @@
 
 use super::groups::{Participants, participants};
 use super::{Options, SkipReason};
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::ir::{CompId, Computation, InstrId, Module, shape};
 use crate::proto::{HloInstructionProto, PrimitiveType, ShapeProto};
 

@@ -1,113 +1,95 @@
-//! Emits the quantized ring for one all-reduce: [`emit_ring`] reads top to
-//! bottom as the algorithm — flatten and pad, find the rank, reduce-scatter
-//! round the ring, all-gather, unpack.
+//! Emits the [`Plan`] of one quantized all-reduce: [`emit`] reads top to
+//! bottom as the algorithm — flatten and pad, rotate, find the rank, run the
+//! plan's phases, unpack.
+//!
+//! Every repeated step (a ring hop, a relay of the permute gather) is
+//! written once, by one function, whether it lands in the body of a `while`
+//! loop over the steps ([`Form::Loop`], the module does not grow with P) or
+//! is written out P−1 times ([`Form::Unrolled`]); the step number is a loop
+//! counter in one case and a constant in the other.
 //!
 //! The quantize and dequantize steps implement the contract in
-//! [`crate::numerics`] op for op.
+//! [`crate::numerics`] op for op. A message holds, per block, its B codes
+//! followed by its scale's bytes (`[blocks, B + scale_bytes]` s8), so codes
+//! and scales are cut apart by two slices, with no reshaping.
 
 use rustc_hash::FxHashMap as HashMap;
 
 use super::groups::{IdSpace, Participants};
-use super::plan::{Lane, RingPlan};
-use super::{GatherForm, ScaleType};
-use crate::ir::CompId;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::shape;
-use crate::numerics::{INV_QMAX, QMAX, SCALE_MASK};
+use crate::ir::{CompId, InstrId};
+use crate::numerics::{INV_QMAX, QMAX, hadamard_norm, hadamard_sign, scale_mantissa_bits};
+use crate::plan::{Axis, Form, GatherForm, Lane, Phase, Plan, Rotation, ScaleType};
+use crate::proto::precision_config::Precision;
 use crate::proto::{PrimitiveType, ShapeProto};
 
 /// What the emitted subgraph needs besides the plan.
-pub struct RingInputs<'a> {
-    pub plan: &'a RingPlan,
+pub struct EmitInputs<'a> {
+    pub plan: &'a Plan,
     pub participants: &'a Participants,
     /// The packed all-reduce operands.
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// A scalar f32 `maximum` computation for the block absmax.
+    /// Scalar f32 `maximum`, s32 `or` and f32 `add` computations.
     pub max_f32: CompId,
-    /// A scalar s32 `or` computation for reassembling scale bytes.
     pub or_s32: CompId,
-    pub gather: GatherForm,
+    pub add_f32: CompId,
     /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
     pub async_permutes: bool,
+    /// The module is past XLA's optimizations (already fused): XLA will not
+    /// decompose what it emits any more, so collectives take the forms its
+    /// runtime runs directly.
+    pub late: bool,
 }
 
-/// Emits the ring; returns one value per operand, shaped like `results`.
-pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
-    let plan = inputs.plan;
-    let p = plan.group_size as i64;
-    let mut e = Emitter::new(b, inputs);
+/// What [`emit`] made.
+pub struct Emitted {
+    /// One value per operand, shaped like `results`.
+    pub values: Vec<Value>,
+    /// The computations it added (loop bodies and conditions).
+    pub computations: Vec<CompId>,
+}
 
-    // 1. Flatten every operand to f32, concatenate, zero-pad to P·c, and view
-    //    the payload as [P chunks, c].
-    let flat: Vec<Value> = inputs
-        .operands
-        .iter()
-        .map(|x| {
-            let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
-            let x = e.as_f32(x);
-            e.b.reshape(&x, &[n])
-        })
-        .collect();
-    let mut payload = if flat.len() == 1 {
-        flat[0].clone()
-    } else {
-        e.b.concatenate(&flat, 0)
-    };
-    let padded = plan.padded() as i64;
-    if padded > plan.elements as i64 {
-        let zero = e.b.zero(PrimitiveType::F32);
-        payload =
-            e.b.pad(&payload, &zero, &[(0, padded - plan.elements as i64)]);
-    }
-    let chunks = e.b.reshape(&payload, &[p, plan.chunk as i64]);
+/// Emits the plan; returns one value per operand.
+pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
+    let plan = inputs.plan;
+    let mut computations = Vec::new();
+    let mut e = Emitter::new(b, inputs, &mut computations);
+
+    // 1. Flatten every operand, concatenate, zero-pad to P·c, rotate each
+    //    block when the plan rotates, and view the payload as
+    //    [axis sizes.., c] (outer axes first: rank r = Σ coordinate·stride).
+    let mut axes: Vec<Axis> = plan.phases.iter().filter_map(Phase::axis).collect();
+    axes.sort_by_key(|a| std::cmp::Reverse(a.stride));
+    let mut held = e.payload(&axes);
 
     // 2. This device's rank r in its group, from its id through the table.
     let rank = e.rank();
 
-    // 3. Reduce-scatter. At step s, rank r sends its partial sum of chunk
-    //    (r − dir·(s+1)) mod P to rank r + dir, which adds its own part of
-    //    that chunk. After P−1 steps rank r holds chunk r, fully summed.
-    //    Step-major order interleaves the lanes, so each lane's hop can
-    //    overlap another lane's quantize and add.
-    let mut partial: Vec<Value> = plan
-        .lanes
-        .iter()
-        .map(|lane| e.own_part(&chunks, &rank, lane, 0))
-        .collect();
-    for step in 0..p - 1 {
-        for (lane, part) in plan.lanes.iter().zip(partial.iter_mut()) {
-            let message = e.quantize(part, lane);
-            let received = e.permute(&message, lane.dir);
-            let summed = e.dequantize(&received, lane, None);
-            let own = e.own_part(&chunks, &rank, lane, step + 1);
-            *part = e.b.add_op(&summed, &own);
+    // 3. The reduce phases, each leaving the device with its slice of what
+    //    it held, summed over the phase's axis; the gather makes every
+    //    chunk everybody's.
+    let mut values = None;
+    for phase in &plan.phases {
+        match *phase {
+            Phase::Ring { axis } => {
+                held = e.ring(&held, &rank, &axes, axis);
+                axes.retain(|a| *a != axis);
+            }
+            Phase::Exchange { axis } => {
+                held = e.exchange(&held, &axes, axis);
+                axes.retain(|a| *a != axis);
+            }
+            Phase::Gather => values = Some(e.gather(&held, &rank)),
         }
     }
+    let whole = values.unwrap_or(held);
 
-    // 4. All-gather: the owner quantizes its chunk once; every rank, the
-    //    owner included, dequantizes all P chunks from the same int8 codes,
-    //    so every participant ends with bit-identical results.
-    let gathered: Vec<Value> = plan
-        .lanes
-        .iter()
-        .zip(&partial)
-        .map(|(lane, part)| {
-            let message = e.quantize(part, lane);
-            let all = e.gather(&message, &rank, lane);
-            e.dequantize(&all, lane, Some(p))
-        })
-        .collect();
-
-    // 5. Reassemble [P, c] from the lanes, drop the padding, and give each
-    //    operand its sum back in its own shape, type and layout.
-    let whole = if gathered.len() == 1 {
-        gathered[0].clone()
-    } else {
-        e.b.concatenate(&gathered, 1)
-    };
-    let whole = e.b.reshape(&whole, &[padded]);
+    // 4. Drop the padding and give each operand its sum back in its own
+    //    shape, type and layout.
+    let padded = plan.padded() as i64;
     let mut offset = 0i64;
     let mut out = Vec::new();
     for (x, result) in inputs.operands.iter().zip(inputs.results) {
@@ -126,7 +108,10 @@ pub fn emit_ring(b: &mut Builder, inputs: &RingInputs) -> Vec<Value> {
             e.b.convert_to(&part, result)
         });
     }
-    out
+    Emitted {
+        values: out,
+        computations,
+    }
 }
 
 /// A scalar constant, by type and bits.
@@ -136,36 +121,57 @@ enum Const {
     S32(i32),
 }
 
-/// Shared constants and caches for one ring: every scalar constant and
-/// every broadcast of one is emitted once.
+/// The step a repeated op belongs to: a constant when unrolled; in a loop
+/// body, the counter after this step (s + 1, an s32 scalar).
+#[derive(Clone)]
+enum Step {
+    At(i64),
+    Next(Value),
+}
+
+/// Emits into one computation, with its own constants: every scalar
+/// constant and every broadcast of one is emitted once per computation.
 struct Emitter<'b, 'm, 'i> {
     b: &'b mut Builder<'m>,
-    inputs: &'i RingInputs<'i>,
-    /// Chunk index (r − dir·k) mod P, by (dir, k).
-    chunk_index: HashMap<(i64, i64), Value>,
+    inputs: &'i EmitInputs<'i>,
+    computations: &'b mut Vec<CompId>,
     consts: HashMap<Const, Value>,
     splats: HashMap<(Const, Vec<i64>), Value>,
-    /// The shifts that place a scale's bytes, broadcast to a shape.
-    shifts: HashMap<(Vec<i64>, i64), Value>,
+    /// (a − dir·k) mod Q, by (a, Q, dir, k), for constant k.
+    indices: HashMap<(InstrId, i64, i64, i64), Value>,
+    /// The axis coordinates of this device, by axis stride.
+    coordinates: HashMap<usize, Value>,
+    /// [`Self::byte_shifts`], by block count.
+    shifts: HashMap<i64, Value>,
+    /// Values whose buffers belong to the operands (a payload that is only
+    /// a reshape of one): a loop must not take them over.
+    borrowed: Vec<InstrId>,
 }
 
 impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
-    fn new(b: &'b mut Builder<'m>, inputs: &'i RingInputs<'i>) -> Self {
+    fn new(
+        b: &'b mut Builder<'m>,
+        inputs: &'i EmitInputs<'i>,
+        computations: &'b mut Vec<CompId>,
+    ) -> Self {
         Emitter {
             b,
             inputs,
-            chunk_index: HashMap::default(),
+            computations,
             consts: HashMap::default(),
             splats: HashMap::default(),
+            indices: HashMap::default(),
+            coordinates: HashMap::default(),
             shifts: HashMap::default(),
+            borrowed: Vec::new(),
         }
     }
 
-    fn plan(&self) -> &RingPlan {
+    fn plan(&self) -> &'i Plan {
         self.inputs.plan
     }
 
-    fn as_f32(&mut self, x: &Value) -> Value {
+    fn f32(&mut self, x: &Value) -> Value {
         if x.element_type() == PrimitiveType::F32 as i32 {
             x.clone()
         } else {
@@ -205,6 +211,81 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         v
     }
 
+    // ---- the payload and the rank
+
+    /// The operands flattened, concatenated, padded to P·c, rotated if the
+    /// plan rotates, as `[axis sizes.., c]`. Kept in the operands' narrow
+    /// type when they share one and nothing is rotated: each hop converts
+    /// the part it reads.
+    fn payload(&mut self, axes: &[Axis]) -> Value {
+        let plan = self.plan();
+        let operands = self.inputs.operands;
+        let ty = operands[0].element_type();
+        let same = operands.iter().all(|x| x.element_type() == ty);
+        let rotated = plan.config.rotation == Rotation::Hadamard;
+        let flat: Vec<Value> = operands
+            .iter()
+            .map(|x| {
+                let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+                let x = if same && !rotated {
+                    x.clone()
+                } else {
+                    self.f32(x)
+                };
+                self.b.reshape(&x, &[n])
+            })
+            .collect();
+        let mut payload = if flat.len() == 1 {
+            flat[0].clone()
+        } else {
+            self.b.concatenate(&flat, 0)
+        };
+        let padded = plan.padded() as i64;
+        if padded > plan.elements as i64 {
+            let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
+            let zero = self.b.zero(ty);
+            payload = self
+                .b
+                .pad(&payload, &zero, &[(0, padded - plan.elements as i64)]);
+        }
+        if rotated {
+            payload = self.rotate(&payload, operands_are_bf16(operands));
+        }
+        let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
+        dims.push(plan.chunk as i64);
+        let view = self.b.reshape(&payload, &dims);
+        if operands.iter().any(|x| x.id == payload.id) || flat.iter().any(|f| f.id == payload.id) {
+            self.borrowed.push(view.id);
+        }
+        view
+    }
+
+    /// f32[n] → each block of B multiplied by `H_B/√B`. Inputs that are
+    /// bf16 values multiply exactly at any dot precision; other f32 inputs
+    /// ask for the highest.
+    fn rotate(&mut self, x: &Value, bf16_valued: bool) -> Value {
+        let bl = self.plan().block() as i64;
+        let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+        let blocks = self.b.reshape(x, &[n / bl, bl]);
+        let h = self.hadamard(hadamard_norm(bl as usize));
+        let precision = if bf16_valued {
+            Precision::Default
+        } else {
+            Precision::Highest
+        };
+        let rotated = self.b.dot(&blocks, &h, 1, 0, precision);
+        self.b.reshape(&rotated, &[n])
+    }
+
+    /// The B×B Sylvester Hadamard matrix times `factor`.
+    fn hadamard(&mut self, factor: f32) -> Value {
+        let bl = self.plan().block();
+        let entries: Vec<f32> = (0..bl * bl)
+            .map(|i| hadamard_sign(i / bl, i % bl) * factor)
+            .collect();
+        self.b.f32_array(&entries, &[bl as i64, bl as i64])
+    }
+
     /// The rank r (s32) of this device in its group.
     fn rank(&mut self) -> Value {
         let id = match self.inputs.participants.space {
@@ -222,72 +303,84 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         }
     }
 
-    /// (r − dir·k) mod P as an s32 scalar.
-    fn chunk_of(&mut self, rank: &Value, dir: i64, k: i64) -> Value {
-        let p = self.plan().group_size as i64;
-        if let Some(v) = self.chunk_index.get(&(dir, k)) {
+    /// This device's coordinate on `axis`: (r / stride) mod size.
+    fn coordinate(&mut self, rank: &Value, axis: Axis) -> Value {
+        if let Some(v) = self.coordinates.get(&axis.stride) {
             return v.clone();
         }
-        let shift = (-dir * k).rem_euclid(p);
-        let v = if shift == 0 {
-            rank.clone()
-        } else {
-            let s = self.s32c(shift);
-            let sum = self.b.add_op(rank, &s);
-            let pv = self.s32c(p);
-            self.b.binary("remainder", &sum, &pv)
-        };
-        self.chunk_index.insert((dir, k), v.clone());
+        let p = self.plan().group_size;
+        let mut v = rank.clone();
+        if axis.stride > 1 {
+            let stride = self.s32c(axis.stride as i64);
+            v = self.b.divide(&v, &stride);
+        }
+        if axis.stride * axis.size < p {
+            let size = self.s32c(axis.size as i64);
+            v = self.b.binary("remainder", &v, &size);
+        }
+        self.coordinates.insert(axis.stride, v.clone());
         v
     }
 
-    /// This device's own f32 contribution to `lane` of the chunk it sends at
-    /// step `k` (k = 0: the chunk it starts with), which is the chunk it
-    /// received at step k − 1.
-    fn own_part(&mut self, chunks: &Value, rank: &Value, lane: &Lane, k: i64) -> Value {
-        let chunk = self.chunk_of(rank, lane.dir, k + 1);
-        let offset = self.s32c(lane.offset as i64);
-        let len = lane.len as i64;
-        let part = self.b.dynamic_slice(chunks, &[chunk, offset], &[1, len]);
-        self.b.reshape(&part, &[len])
+    /// (a − dir·k) mod Q as an s32 scalar, with k = `step` + `plus`.
+    fn index(&mut self, a: &Value, q: i64, dir: i64, step: &Step, plus: i64) -> Value {
+        match step {
+            Step::At(s) => {
+                let k = s + plus;
+                let key = (a.id, q, dir, k);
+                if let Some(v) = self.indices.get(&key) {
+                    return v.clone();
+                }
+                let shift = (-dir * k).rem_euclid(q);
+                let v = if shift == 0 {
+                    a.clone()
+                } else {
+                    let s = self.s32c(shift);
+                    let sum = self.b.add_op(a, &s);
+                    let qv = self.s32c(q);
+                    self.b.binary("remainder", &sum, &qv)
+                };
+                self.indices.insert(key, v.clone());
+                v
+            }
+            // k = s + plus = next + plus − 1, with next in 1..Q−1 and plus
+            // at most 2, so a − k + 2Q ≥ 0.
+            Step::Next(next) => {
+                let shifted = if dir > 0 {
+                    let base = self.s32c(2 * q - plus + 1);
+                    self.b.binary("subtract", &base, next)
+                } else {
+                    let plus = self.s32c(plus - 1);
+                    self.b.add_op(next, &plus)
+                };
+                let sum = self.b.add_op(a, &shifted);
+                let qv = self.s32c(q);
+                self.b.binary("remainder", &sum, &qv)
+            }
+        }
     }
 
-    /// f32[len] → one s8 message: codes, then the scales' bytes.
-    fn quantize(&mut self, v: &Value, lane: &Lane) -> Value {
-        let bl = self.plan().block as i64;
-        let nb = lane.len as i64 / bl;
-        let blocks = self.b.reshape(v, &[nb, bl]);
-        let magnitude = self.b.unary("abs", &blocks);
+    // ---- quantize and dequantize
+
+    /// f32 `[nb, B]` blocks → s8 `[nb, B + scale bytes]` messages.
+    fn quantize(&mut self, blocks: &Value) -> Value {
+        let nb = blocks.dims()[0];
+        let bl = self.plan().block() as i64;
+        // A NaN or Inf counts as an infinite magnitude: backends' vectorized
+        // max reductions may drop a NaN (XLA:CPU's do, from 64 rows on),
+        // never an Inf.
+        let magnitude = self.b.unary("abs", blocks);
+        let finite = self.b.unary("is-finite", blocks);
+        let inf = self.splat(Const::F32(f32::INFINITY.to_bits()), &[nb, bl]);
+        let magnitude = self.b.select(&finite, &magnitude, &inf);
         let zero = self.f32c(0.0);
         let absmax = self.b.reduce(&magnitude, &zero, &[1], self.inputs.max_f32);
         let inv = self.splat(Const::F32(INV_QMAX.to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
-        let scale = match self.plan().scale_type {
-            // A scale with at most 17 significant bits makes every
-            // code·scale product exact, so a hop's dequantize-and-add gives
-            // the same bits whether or not the backend fuses it into one
-            // multiply-add.
-            ScaleType::F32 => {
-                let bits = self.b.bitcast_convert(&raw, PrimitiveType::S32);
-                let mask = self.splat(Const::S32(SCALE_MASK as i32), &[nb]);
-                let bits = self.b.binary("and", &bits, &mask);
-                self.b.bitcast_convert(&bits, PrimitiveType::F32)
-            }
-            // bf16 has 8 significant bits; codes are computed against the
-            // scale that travels, so codes and scale agree. The way back to
-            // f32 goes through the bits (bf16 → u16 → high half of an s32):
-            // a plain convert round trip f32 → bf16 → f32 is what XLA
-            // deletes under xla_allow_excess_precision (its default), which
-            // would leave the codes computed against the unrounded scale.
-            ScaleType::Bf16 => {
-                let wire = self.b.convert(&raw, PrimitiveType::Bf16);
-                let half = self.b.bitcast_convert(&wire, PrimitiveType::U16);
-                let wide = self.b.convert(&half, PrimitiveType::S32);
-                let sixteen = self.splat(Const::S32(16), &[nb]);
-                let bits = self.b.binary("shift-left", &wide, &sixteen);
-                self.b.bitcast_convert(&bits, PrimitiveType::F32)
-            }
-        };
+        // The scale that travels, kept in f32: codes are computed against
+        // it, so codes and scale agree (see crate::numerics).
+        let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
+        let scale = self.b.reduce_precision(&raw, mantissa);
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
         // every backend and block count on the same arithmetic. An all-zero
@@ -298,96 +391,98 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let is_zero = self.b.compare(&scale, &zeros, "EQ");
         let recip = self.b.select(&is_zero, &zeros, &recip);
         let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
-        let ratio = self.b.multiply(&blocks, &recip);
+        let ratio = self.b.multiply(blocks, &recip);
         let rounded = self.b.unary("round-nearest-even", &ratio);
         let lo = self.f32c(-QMAX);
         let hi = self.f32c(QMAX);
         let clamped = self.b.clamp(&lo, &rounded, &hi);
         let codes = self.b.convert(&clamped, PrimitiveType::S8);
-        let codes = self.b.reshape(&codes, &[nb * bl]);
         let scale_bytes = self.pack_scales(&scale, nb);
-        self.b.concatenate(&[codes, scale_bytes], 0)
+        self.b.concatenate(&[codes, scale_bytes], 1)
     }
 
-    /// Right-shift amounts that bring each wire byte of a scale to the
-    /// bottom, broadcast to `dims` along dimension `along`: 0, 8, 16, 24 for
-    /// f32 scales; 16, 24 for bf16 scales (the high half of their f32 bits).
-    fn byte_shifts(&mut self, dims: &[i64], along: i64) -> Value {
-        let key = (dims.to_vec(), along);
-        if let Some(v) = self.shifts.get(&key) {
+    /// Right-shift amounts that bring each wire byte of a scale's f32 bits
+    /// to the bottom: 0, 8, 16, 24 for f32 scales; 16, 24 for bf16 scales
+    /// (the high half of their f32 bits), broadcast to `[nb, width]`.
+    fn byte_shifts(&mut self, nb: i64) -> Value {
+        let (first, width) = match self.plan().scale_type() {
+            ScaleType::F32 => (0, 4),
+            ScaleType::Bf16 => (16, 2),
+        };
+        if let Some(v) = self.shifts.get(&nb) {
             return v.clone();
         }
-        let first = match self.plan().scale_type {
-            ScaleType::F32 => 0,
-            ScaleType::Bf16 => 16,
-        };
-        let width = self.plan().scale_type.bytes() as i32;
         let amounts: Vec<i32> = (0..width).map(|k| first + 8 * k).collect();
         let vector = self.b.s32_array(&amounts);
-        let v = self.b.broadcast(&vector, dims, &[along]);
-        self.shifts.insert(key, v.clone());
+        let v = self.b.broadcast(&vector, &[nb, width as i64], &[1]);
+        self.shifts.insert(nb, v.clone());
         v
     }
 
-    /// f32 scales → s8[nb·width], their wire bytes little-endian. Only
+    /// f32 scales → s8 `[nb, width]`, their wire bytes little-endian. Only
     /// same-width bitcasts, shifts and truncating converts: backends compile
     /// no width-changing bitcast-convert this late (XLA expands those early
     /// in its pipeline).
     fn pack_scales(&mut self, scale: &Value, nb: i64) -> Value {
-        let width = self.plan().scale_type.bytes() as i64;
+        let width = self.plan().scale_type().bytes() as i64;
         let bits = self.b.bitcast_convert(scale, PrimitiveType::S32);
         let spread = self.b.broadcast(&bits, &[nb, width], &[0]);
-        let shifts = self.byte_shifts(&[nb, width], 1);
+        let shifts = self.byte_shifts(nb);
         let shifted = self.b.binary("shift-right-logical", &spread, &shifts);
-        let bytes = self.b.convert(&shifted, PrimitiveType::S8);
-        self.b.reshape(&bytes, &[nb * width])
+        self.b.convert(&shifted, PrimitiveType::S8)
     }
 
-    /// The inverse of [`Self::pack_scales`]: `[.., nb, width]` bytes → f32[.., nb].
-    fn unpack_scales(&mut self, scale_bytes: &Value, dims: &[i64]) -> Value {
-        let width = self.plan().scale_type.bytes() as i64;
-        let mut full = dims.to_vec();
-        full.push(width);
+    /// The inverse of [`Self::pack_scales`]: s8 `[nb, width]` → f32 `[nb]`.
+    fn unpack_scales(&mut self, scale_bytes: &Value) -> Value {
+        let dims = scale_bytes.dims().to_vec();
         let wide = self.b.convert(scale_bytes, PrimitiveType::S32);
-        let mask = self.splat(Const::S32(0xff), &full);
+        let mask = self.splat(Const::S32(0xff), &dims);
         let unsigned = self.b.binary("and", &wide, &mask);
-        let shifts = self.byte_shifts(&full, dims.len() as i64);
+        let shifts = self.byte_shifts(dims[0]);
         let placed = self.b.binary("shift-left", &unsigned, &shifts);
         let zero = self.s32c(0);
-        let bits = self
-            .b
-            .reduce(&placed, &zero, &[dims.len() as i64], self.inputs.or_s32);
+        let bits = self.b.reduce(&placed, &zero, &[1], self.inputs.or_s32);
         self.b.bitcast_convert(&bits, PrimitiveType::F32)
     }
 
-    /// One s8 message (or `[P, message]` with `lead = Some(P)`) → f32 values.
-    fn dequantize(&mut self, message: &Value, lane: &Lane, lead: Option<i64>) -> Value {
-        let bl = self.plan().block as i64;
-        let (len, msg) = (lane.len as i64, self.plan().message_len(lane) as i64);
-        let nb = len / bl;
-        let width = self.plan().scale_type.bytes() as i64;
-        let lead_dims: Vec<i64> = lead.into_iter().collect();
-        let with_lead =
-            |tail: &[i64]| -> Vec<i64> { lead_dims.iter().chain(tail).copied().collect() };
-        let zeros: Vec<i64> = vec![0; lead_dims.len() + 1];
-        let codes = self.b.slice(message, &zeros, &with_lead(&[len]));
-        let mut start = zeros.clone();
-        *start.last_mut().unwrap_or(&mut 0) = len;
-        let scale_bytes = self.b.slice(message, &start, &with_lead(&[msg]));
-        let scale_bytes = self.b.reshape(&scale_bytes, &with_lead(&[nb, width]));
-        let scale = self.unpack_scales(&scale_bytes, &with_lead(&[nb]));
-        let codes = self.b.reshape(&codes, &with_lead(&[nb, bl]));
-        let codes = self.b.convert(&codes, PrimitiveType::F32);
-        let dims = with_lead(&[nb, bl]);
-        let map: Vec<i64> = (0..dims.len() as i64 - 1).collect();
-        let scale_b = self.b.broadcast(&scale, &dims, &map);
-        let values = self.b.multiply(&codes, &scale_b);
-        self.b.reshape(&values, &with_lead(&[len]))
+    /// s8 `[nb, B + width]` messages → their codes (s8 `[nb, B]`) and
+    /// scales (f32 `[nb]`).
+    fn split(&mut self, message: &Value) -> (Value, Value) {
+        let nb = message.dims()[0];
+        let bl = self.plan().block() as i64;
+        let width = self.plan().scale_type().bytes() as i64;
+        let codes = self.b.slice(message, &[0, 0], &[nb, bl]);
+        let bytes = self.b.slice(message, &[0, bl], &[nb, bl + width]);
+        (codes, self.unpack_scales(&bytes))
     }
 
-    /// One hop: every rank sends `message` to rank + `dir`.
-    fn permute(&mut self, message: &Value, dir: i64) -> Value {
-        let pairs = self.inputs.participants.ring_pairs(dir);
+    /// s8 `[nb, B + width]` messages → f32 `[nb, B]` values.
+    fn dequantize(&mut self, message: &Value) -> Value {
+        let (nb, bl) = (message.dims()[0], self.plan().block() as i64);
+        let (codes, scale) = self.split(message);
+        let codes = self.b.convert(&codes, PrimitiveType::F32);
+        let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        self.b.multiply(&codes, &scale)
+    }
+
+    /// Messages of rotated blocks → the values rotated back:
+    /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
+    fn dequantize_rotated(&mut self, message: &Value) -> Value {
+        let (nb, bl) = (message.dims()[0], self.plan().block() as i64);
+        let (codes, scale) = self.split(message);
+        let codes = self.b.convert(&codes, PrimitiveType::F32);
+        let h = self.hadamard(1.0);
+        let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
+        let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
+        let scale = self.b.multiply(&scale, &norm);
+        let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        self.b.multiply(&turned, &scale)
+    }
+
+    /// One hop on `dir`: every rank sends `message` to the rank one step
+    /// along `axis`.
+    fn permute(&mut self, message: &Value, axis: Axis, dir: i64) -> Value {
+        let pairs = self.inputs.participants.axis_pairs(axis, dir);
         let channel = match self.inputs.participants.space {
             IdSpace::Partition => Some(self.b.fresh_channel_id()),
             IdSpace::Replica => None,
@@ -400,13 +495,174 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         }
     }
 
-    /// Every rank's message, stacked in rank order: `s8[P, message]`.
-    fn gather(&mut self, message: &Value, rank: &Value, lane: &Lane) -> Value {
-        let (p, dir) = (self.plan().group_size as i64, lane.dir);
-        let msg = self.plan().message_len(lane) as i64;
-        let row = self.b.reshape(message, &[1, msg]);
-        match self.inputs.gather {
+    // ---- the phases
+
+    /// This device's f32 part of `lane` of the slice with index `index` on
+    /// the held axis `at`: `[rows·blocks, B]`.
+    fn own_part(&mut self, held: &Value, at: usize, index: &Value, lane: &Lane) -> Value {
+        let dims = held.dims().to_vec();
+        let last = dims.len() - 1;
+        let zero = self.s32c(0);
+        let offset = self.s32c(lane.offset as i64);
+        let mut starts = vec![zero; dims.len()];
+        starts[at] = index.clone();
+        starts[last] = offset;
+        let mut sizes = dims.clone();
+        sizes[at] = 1;
+        sizes[last] = lane.len as i64;
+        let part = self.b.dynamic_slice(held, &starts, &sizes);
+        let rows: i64 = sizes[..last].iter().product();
+        let bl = self.plan().block() as i64;
+        let part = self.b.reshape(&part, &[rows * lane.len as i64 / bl, bl]);
+        self.f32(&part)
+    }
+
+    /// One ring hop of every lane: send the partials on, add this device's
+    /// part of the slice they now hold.
+    fn ring_step(
+        &mut self,
+        partials: &[Value],
+        held: &Value,
+        at: usize,
+        a: &Value,
+        axis: Axis,
+        step: &Step,
+    ) -> Vec<Value> {
+        let plan = self.plan();
+        let q = axis.size as i64;
+        plan.lanes
+            .iter()
+            .zip(partials)
+            .map(|(lane, part)| {
+                let message = self.quantize(part);
+                let received = self.permute(&message, axis, lane.dir);
+                let summed = self.dequantize(&received);
+                let index = self.index(a, q, lane.dir, step, 2);
+                let own = self.own_part(held, at, &index, lane);
+                self.b.add_op(&summed, &own)
+            })
+            .collect()
+    }
+
+    /// Reduce-scatter over `axis` round its ring. At step s, the device
+    /// with coordinate a sends its partial sum of slice (a − dir·(s+1))
+    /// mod Q to a + dir, which adds its own part of that slice. After Q−1
+    /// steps the device holds slice a, summed over the axis. Returns what
+    /// the device now holds, f32 `[other axes.., c]`.
+    fn ring(&mut self, held: &Value, rank: &Value, axes: &[Axis], axis: Axis) -> Value {
+        let plan = self.plan();
+        let at = axes.iter().position(|x| *x == axis).unwrap_or(0);
+        let a = self.coordinate(rank, axis);
+        let q = axis.size as i64;
+        let first = Step::At(-1);
+        let mut partials: Vec<Value> = plan
+            .lanes
+            .iter()
+            .map(|lane| {
+                let index = self.index(&a, q, lane.dir, &first, 2);
+                self.own_part(held, at, &index, lane)
+            })
+            .collect();
+        match plan.config.form {
+            Form::Unrolled => {
+                for s in 0..q - 1 {
+                    partials = self.ring_step(&partials, held, at, &a, axis, &Step::At(s));
+                }
+            }
+            Form::Loop => {
+                // State: (step, partials.., held, coordinate).
+                let mut state = partials.clone();
+                state.push(held.clone());
+                state.push(a.clone());
+                let lanes = plan.lanes.len();
+                let out = self.repeat(q - 1, &state, |e, s, state| {
+                    let (held, a) = (&state[lanes], &state[lanes + 1]);
+                    let mut next = e.ring_step(&state[..lanes], held, at, a, axis, &Step::Next(s));
+                    next.extend([held.clone(), a.clone()]);
+                    next
+                });
+                partials = out[..lanes].to_vec();
+            }
+        }
+        // The lanes' partials side by side again: [rows, c].
+        let rows: i64 = held.dims()[..held.dims().len() - 1].iter().product::<i64>() / q;
+        let bl = plan.block() as i64;
+        let pieces: Vec<Value> = plan
+            .lanes
+            .iter()
+            .zip(&partials)
+            .map(|(lane, p)| self.b.reshape(p, &[rows, lane.len as i64 / bl, bl]))
+            .collect();
+        let joined = if pieces.len() == 1 {
+            pieces[0].clone()
+        } else {
+            self.b.concatenate(&pieces, 1)
+        };
+        let mut dims = held.dims().to_vec();
+        dims.remove(at);
+        self.b.reshape(&joined, &dims)
+    }
+
+    /// Reduce-scatter over the whole group by one all-to-all: every slice
+    /// quantized once, the owner's sum of the dequantized slices in rank
+    /// order. `held` is `[P, c]`; returns f32 `[c]`.
+    fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
+        let plan = self.plan();
+        debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
+        let (p, c, bl) = (
+            plan.group_size as i64,
+            plan.chunk as i64,
+            plan.block() as i64,
+        );
+        let nb = c / bl;
+        let blocks = self.b.reshape(held, &[p * nb, bl]);
+        let blocks = self.f32(&blocks);
+        let message = self.quantize(&blocks);
+        let width = message.dims()[1];
+        // Rank 2, split along the major dimension: the array form every
+        // backend runs without decomposing it first (the pre-scheduler
+        // hook comes after XLA's all-to-all decomposer).
+        let message = self.b.reshape(&message, &[p, nb * width]);
+        let parts = self.inputs.participants;
+        let channel = match parts.space {
+            IdSpace::Partition => Some(self.b.fresh_channel_id()),
+            IdSpace::Replica => None,
+        };
+        let groups = parts.groups.clone();
+        let received = if self.inputs.late {
+            // XLA:CPU decomposes array all-to-alls into the tuple form early
+            // in its pipeline and runs only that form; past that point the
+            // pieces are sent as a tuple.
+            let x = nb * width;
+            let pieces: Vec<Value> = (0..p)
+                .map(|k| self.b.slice(&message, &[k, 0], &[k + 1, x]))
+                .collect();
+            let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
+            let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
+            self.b.concatenate(&got, 0)
+        } else {
+            self.b.all_to_all(&message, 0, &groups, channel)
+        };
+        let received = self.b.reshape(&received, &[p * nb, width]);
+        let values = self.dequantize(&received);
+        let values = self.b.reshape(&values, &[p, c]);
+        let zero = self.f32c(0.0);
+        self.b.reduce(&values, &zero, &[0], self.inputs.add_f32)
+    }
+
+    /// The owned chunk (f32 `[c]`) quantized once; every rank, the owner
+    /// included, dequantizes all P chunks from the same codes, so every
+    /// participant ends with bit-identical results. Returns f32 `[P·c]`.
+    fn gather(&mut self, owned: &Value, rank: &Value) -> Value {
+        let plan = self.plan();
+        let (p, bl) = (plan.group_size as i64, plan.block() as i64);
+        let nb = plan.chunk as i64 / bl;
+        let blocks = self.b.reshape(owned, &[nb, bl]);
+        let message = self.quantize(&blocks);
+        let width = message.dims()[1];
+        let all = match plan.config.gather {
             GatherForm::AllGather => {
+                let row = self.b.reshape(&message, &[1, nb * width]);
                 let parts = self.inputs.participants;
                 let (channel, global) = match parts.space {
                     IdSpace::Partition => (Some(self.b.fresh_channel_id()), true),
@@ -415,26 +671,181 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 let groups = parts.groups.clone();
                 self.b.all_gather(&row, 0, &groups, channel, global)
             }
-            GatherForm::Permute => {
-                // P−1 hops forward the messages round the ring; the one that
-                // arrives at hop h comes from rank (r − dir·h) mod P.
-                let zero8 = self.b.zero(PrimitiveType::S8);
-                let empty = self.b.broadcast(&zero8, &[p, msg], &[]);
-                let col = self.s32c(0);
-                let mut all =
-                    self.b
-                        .dynamic_update_slice(&empty, &row, &[rank.clone(), col.clone()]);
-                let mut travelling = message.clone();
-                for hop in 1..p {
-                    travelling = self.permute(&travelling, dir);
-                    let from = self.chunk_of(rank, dir, hop);
-                    let row = self.b.reshape(&travelling, &[1, msg]);
-                    all = self
-                        .b
-                        .dynamic_update_slice(&all, &row, &[from, col.clone()]);
+            GatherForm::Permute => self.relay(&message, rank),
+        };
+        let all = self.b.reshape(&all, &[p * nb, width]);
+        let values = match plan.config.rotation {
+            Rotation::Hadamard => self.dequantize_rotated(&all),
+            Rotation::None => self.dequantize(&all),
+        };
+        self.b.reshape(&values, &[p * nb * bl])
+    }
+
+    /// Every rank's message, stacked in rank order (`s8[P, bytes]`), by
+    /// P−1 relays round the ring; with two directions, the first half of
+    /// the message's bytes travels one way and the rest the other.
+    fn relay(&mut self, message: &Value, rank: &Value) -> Value {
+        let plan = self.plan();
+        let p = plan.group_size as i64;
+        let bytes = shape::element_count(&message.shape).unwrap_or(0) as i64;
+        let flat = self.b.reshape(message, &[bytes]);
+        let dirs = plan.directions();
+        let cut = if dirs.len() == 2 { bytes / 2 } else { bytes };
+        let bounds: Vec<(i64, i64, i64)> = dirs
+            .iter()
+            .enumerate()
+            .map(|(k, &d)| if k == 0 { (d, 0, cut) } else { (d, cut, bytes) })
+            .collect();
+        // Per direction: the message travelling, and the rows so far.
+        let mut state = Vec::new();
+        for &(_, lo, hi) in &bounds {
+            let part = self.b.slice(&flat, &[lo], &[hi]);
+            let row = self.b.reshape(&part, &[1, hi - lo]);
+            let zero8 = self.b.zero(PrimitiveType::S8);
+            let empty = self.b.broadcast(&zero8, &[p, hi - lo], &[]);
+            let col = self.s32c(0);
+            let rows = self
+                .b
+                .dynamic_update_slice(&empty, &row, &[rank.clone(), col]);
+            state.push(part);
+            state.push(rows);
+        }
+        let out = match plan.config.form {
+            Form::Unrolled => {
+                for s in 0..p - 1 {
+                    state = self.relay_step(&bounds, &Step::At(s), &state, rank);
                 }
-                all
+                state
             }
+            Form::Loop => {
+                let n = state.len();
+                state.push(rank.clone());
+                let mut out = self.repeat(p - 1, &state, |e, s, state| {
+                    let mut next = e.relay_step(&bounds, &Step::Next(s), &state[..n], &state[n]);
+                    next.push(state[n].clone());
+                    next
+                });
+                out.truncate(n);
+                out
+            }
+        };
+        let rows: Vec<Value> = out.iter().skip(1).step_by(2).cloned().collect();
+        if rows.len() == 1 {
+            rows[0].clone()
+        } else {
+            self.b.concatenate(&rows, 1)
         }
     }
+
+    /// One relay of every direction: pass the travelling part on, and file
+    /// the one that arrives in its row. The part that arrives at relay
+    /// h = s+1 comes from rank (r − dir·h) mod P.
+    fn relay_step(
+        &mut self,
+        bounds: &[(i64, i64, i64)],
+        s: &Step,
+        state: &[Value],
+        rank: &Value,
+    ) -> Vec<Value> {
+        let p = self.plan().group_size as i64;
+        let whole = Axis {
+            size: self.plan().group_size,
+            stride: 1,
+        };
+        let mut next = Vec::new();
+        for (k, &(dir, lo, hi)) in bounds.iter().enumerate() {
+            // The received part goes into the state in place of the one
+            // sent: a copy, so the collective never writes the buffer it
+            // reads (no copy insertion follows the pre-scheduler hook).
+            // The received part goes into the state in place of the one
+            // sent: a copy, so the collective never writes the buffer it
+            // reads (no copy insertion follows the pre-scheduler hook).
+            let travelling = self.permute(&state[2 * k], whole, dir);
+            let travelling = match s {
+                Step::Next(_) => self.b.unary("copy", &travelling),
+                Step::At(_) => travelling,
+            };
+            let travelling = match s {
+                Step::Next(_) => self.b.unary("copy", &travelling),
+                Step::At(_) => travelling,
+            };
+            let from = self.index(rank, p, dir, s, 1);
+            let row = self.b.reshape(&travelling, &[1, hi - lo]);
+            let col = self.s32c(0);
+            let rows = self
+                .b
+                .dynamic_update_slice(&state[2 * k + 1], &row, &[from, col]);
+            next.extend([travelling, rows]);
+        }
+        next
+    }
+
+    /// A `while` loop that runs `body` `trips` times over `state`; the body
+    /// gets its own emitter, the counter after the step (s + 1) and the
+    /// state's elements, and returns the next state's elements. Returns the
+    /// final elements.
+    fn repeat(
+        &mut self,
+        trips: i64,
+        state: &[Value],
+        body: impl FnOnce(&mut Emitter<'_, '_, 'i>, Value, &[Value]) -> Vec<Value>,
+    ) -> Vec<Value> {
+        // A while loop updates its state in place. At XLA's pre-scheduler
+        // hook, copy insertion has already run, so the loop gets copies of
+        // what it must not write to: the counter's constant (shared by
+        // every device of the executable), scalars read after the loop, and
+        // a payload that is the operands' own buffer.
+        let counter = self.s32c(0);
+        let init: Vec<Value> = std::iter::once(counter)
+            .chain(state.iter().cloned())
+            .map(|v| {
+                if v.dims().is_empty() || self.borrowed.contains(&v.id) {
+                    self.b.unary("copy", &v)
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let init = self.b.tuple(&init);
+        let tuple = init.shape.clone();
+        let inputs = self.inputs;
+        let mut made = Vec::new();
+        let cond = self.b.computation(
+            "equarx_ring_cond",
+            std::slice::from_ref(&tuple),
+            |b, params| {
+                let s = b.get_tuple_element(&params[0], 0);
+                let n = b.s32_scalar(trips as i32);
+                b.compare(&s, &n, "LT")
+            },
+        );
+        let body = self
+            .b
+            .computation("equarx_ring_body", &[tuple], |b, params| {
+                let mut e = Emitter::new(b, inputs, &mut made);
+                let count = e.b.get_tuple_element(&params[0], 0);
+                let elements: Vec<Value> = (1..=state.len())
+                    .map(|k| e.b.get_tuple_element(&params[0], k as i64))
+                    .collect();
+                let next = body(&mut e, count.clone(), &elements);
+                let one = e.s32c(1);
+                let mut out = vec![e.b.add_op(&count, &one)];
+                out.extend(next);
+                e.b.tuple(&out)
+            });
+        self.computations.extend(made);
+        self.computations.extend([cond, body]);
+        let done = self.b.while_loop(&init, cond, body);
+        (1..=state.len())
+            .map(|k| self.b.get_tuple_element(&done, k as i64))
+            .collect()
+    }
+}
+
+/// Whether every operand holds bf16 values (bf16, or f32 that equarx reads
+/// from a bf16 widening).
+fn operands_are_bf16(operands: &[Value]) -> bool {
+    operands
+        .iter()
+        .all(|x| x.element_type() == PrimitiveType::Bf16 as i32)
 }

@@ -21,8 +21,9 @@
 use std::collections::HashSet;
 
 use super::SkipReason;
-use crate::io::DeviceCounts;
+use crate::ir::DeviceCounts;
 use crate::ir::groups::{GroupEncoding, GroupMode, MAX_DEVICES, ReplicaGroups};
+use crate::plan::Axis;
 use crate::proto::HloInstructionProto;
 
 /// The ids the emitted collectives use.
@@ -72,14 +73,17 @@ impl Participants {
         Some(table)
     }
 
-    /// Source → target pairs of a ring step: each rank sends to rank + `dir`.
-    pub fn ring_pairs(&self, dir: i64) -> Vec<(i64, i64)> {
-        let p = self.group_size() as i64;
+    /// Source → target pairs of a ring step along `axis`: each rank sends
+    /// to the rank whose coordinate on the axis is one `dir` on (the
+    /// other coordinates equal; `axis` spanning the group: rank + `dir`).
+    pub fn axis_pairs(&self, axis: Axis, dir: i64) -> Vec<(i64, i64)> {
+        let q = axis.size as i64;
         let mut pairs = Vec::new();
         for g in &self.groups {
             for (k, &id) in g.iter().enumerate() {
-                let next = (k as i64 + dir).rem_euclid(p) as usize;
-                pairs.push((id, g[next]));
+                let a = (k / axis.stride) % axis.size;
+                let next = (a as i64 + dir).rem_euclid(q) as usize;
+                pairs.push((id, g[k - a * axis.stride + next * axis.stride]));
             }
         }
         pairs
@@ -162,7 +166,7 @@ pub fn participants(
         return Err(SkipReason::UnevenGroups);
     }
     if size < 2 {
-        return Err(SkipReason::GroupOfOne);
+        return Err(SkipReason::Plan(crate::plan::PlanError::GroupOfOne));
     }
     let mut seen = HashSet::new();
     let mut max_id = -1;
@@ -233,7 +237,16 @@ mod tests {
         .unwrap();
         assert_eq!(p.space, IdSpace::Partition);
         assert_eq!(p.rank_table(), None);
-        assert_eq!(p.ring_pairs(1)[7], (7, 0));
+        assert_eq!(
+            p.axis_pairs(
+                Axis {
+                    size: p.group_size(),
+                    stride: 1
+                },
+                1
+            )[7],
+            (7, 0)
+        );
     }
 
     #[test]
@@ -245,7 +258,13 @@ mod tests {
         .unwrap();
         assert_eq!(p.rank_table(), Some(vec![0, 0, 1, 1, 2, 2, 3, 3]));
         assert_eq!(
-            p.ring_pairs(1),
+            p.axis_pairs(
+                Axis {
+                    size: p.group_size(),
+                    stride: 1
+                },
+                1
+            ),
             vec![
                 (0, 2),
                 (2, 4),
@@ -257,7 +276,16 @@ mod tests {
                 (7, 1)
             ]
         );
-        assert_eq!(p.ring_pairs(-1)[0], (0, 6));
+        assert_eq!(
+            p.axis_pairs(
+                Axis {
+                    size: p.group_size(),
+                    stride: 1
+                },
+                -1
+            )[0],
+            (0, 6)
+        );
     }
 
     #[test]
@@ -294,7 +322,7 @@ mod tests {
         let single = all_reduce(&[&[0], &[1]], 0, false);
         assert!(matches!(
             participants(&single, &counts(2, 1)),
-            Err(SkipReason::GroupOfOne)
+            Err(SkipReason::Plan(crate::plan::PlanError::GroupOfOne))
         ));
     }
 }

@@ -1,52 +1,47 @@
-//! `quantized-all-reduce`: EQuARX. Sum all-reduces become a ring of int8
-//! collective-permutes with block-wise dynamic quantization, so the wire
+//! `quantized-all-reduce`: EQuARX. Sum all-reduces become block-wise
+//! dynamically quantized int8 transfers with f32 accumulation, so the wire
 //! carries about one byte per element instead of two (bf16).
 //!
 //! ```text
-//! before                                after (one lane, P ranks)
+//! before                          after (ring, loop form, one lane per direction)
 //!
-//! x = bf16[S] ...                       x  = bf16[S] ...
-//! y = bf16[S] all-reduce(x),            f  = f32[P,L,c/L] reshape(pad(convert(x)))
-//!     to_apply=add                      r  = s32[] rank(partition-id())       table lookup
-//! use(y)                                p0 = own part of chunk (r-1) mod P
-//!                                       ┌ repeat P-1 times (reduce-scatter):
-//!                                       │ m  = s8[c/L + 4·c/L/B] quantize(p)   codes ++ scales
-//!                                       │ m' = collective-permute(m), r → r+1
-//!                                       │ p  = dequantize(m') + own part of next chunk
-//!                                       └
-//!                                       g  = s8[P, msg] all-gather(quantize(p))
-//!                                       v  = f32[P·c] dequantize(g)           every rank, owner too
-//!                                       y' = bf16[S] convert(reshape(slice(v)))
-//!                                       use(y')
+//! x = bf16[S] ...                 x  = bf16[S] ...
+//! y = bf16[S] all-reduce(x),      f  = bf16[P,c] reshape(pad(x))            (rotated: f32, H·block)
+//!     to_apply=add                r  = s32[] rank(partition-id())          table lookup
+//! use(y)                          p0 = own part of chunk (r-1) mod P
+//!                                 w  = while s < P-1:                      (reduce-scatter)
+//!                                 │ m  = s8[nb, B+2] quantize(p)            codes ++ scale bytes
+//!                                 │ m' = collective-permute(m), r → r+1
+//!                                 │ p  = dequantize(m') + own part of chunk (r-s-2) mod P
+//!                                 g  = s8[P, msg] all-gather(quantize(p))
+//!                                 v  = f32[P·c] dequantize(g)              every rank, owner too
+//!                                 y' = bf16[S] convert(reshape(slice(v)))
+//!                                 use(y')
 //! ```
 //!
-//! `L` lanes (the pipeline depth D, twice that for a bidirectional ring) are
-//! independent chains over sub-chunks, so the scheduler can overlap one
-//! lane's transfer with another's quantize and add.
+//! The algorithm (ring, two-shot, two-level), the rotation and every size
+//! are decided per op as a [`Plan`] ([`crate::plan`]), which the emitter,
+//! the time model and the error model all read; [`choose`] picks the plan.
 //!
-//! Why it is sound: a ring reduce-scatter followed by an all-gather computes
-//! the sum of every group member's contribution for every element (each
-//! chunk visits every rank once); quantization changes values only within
+//! Why it is sound: every reduce phase sums each chunk over every member of
+//! its axis exactly once, and the phases' axes cover the group; the gather
+//! gives every rank every chunk; quantization changes values only within
 //! the error model of [`crate::numerics`]; all participants dequantize the
 //! same codes with the same op, so they agree bit for bit. What it assumes:
 //! the module is not scheduled for async collectives other than the pair it
 //! rewrites, and the replica/partition counts it was given are true.
 //!
 //! Pieces: [`eligibility`] decides, [`groups`] maps groups to ids
-//! collective-permute can name, [`plan`] sizes the ring, [`emit`] writes the
-//! HLO.
+//! collective-permute can name, [`choose`] plans, [`emit`] writes the HLO,
+//! [`fuse`] outlines loop fusions in an already fused module.
 
 pub mod eligibility;
 pub mod emit;
 pub mod fuse;
 pub mod groups;
-pub mod plan;
-
-use rustc_hash::FxHashMap as HashMap;
 
 use eligibility::Candidate;
-use emit::{RingInputs, emit_ring};
-use plan::{RingPlan, ring_wire_bytes};
+use emit::{EmitInputs, emit};
 
 use super::{Pass, PassError};
 use crate::cost::{Topology, predict};
@@ -56,18 +51,57 @@ use crate::ir::groups::{GroupMode, ReplicaGroups};
 use crate::ir::{CompId, Edits, InstrId, Module, shape};
 pub use crate::numerics::ScaleType;
 use crate::numerics::error::predicted_rel_rms;
+use crate::numerics::simulate::balanced_grid;
+use crate::plan::{Algorithm, Config, Plan, PlanError, ring_wire_bytes};
+pub use crate::plan::{Form, GatherForm, Rotation};
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
-/// How the reduced chunks reach every rank.
+/// Which reduce algorithm `--algorithm` asks for.
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "kebab-case")]
-pub enum GatherForm {
-    /// One `all-gather` per lane (the backend picks its algorithm).
-    AllGather,
-    /// P−1 `collective-permute` hops per lane round the same ring.
-    Permute,
+pub enum AlgorithmOption {
+    /// The time model picks per op among those that apply.
+    #[default]
+    Auto,
+    /// The paper's ring: P−1 requantizing hops.
+    Ring,
+    /// Quantize once, one all-to-all, the owner sums in f32.
+    TwoShot,
+    /// A ring per axis of a 2-D grid: the topology's slice shape when it
+    /// has P devices, else the most balanced factorization of P.
+    TwoLevel,
+}
+
+/// Whether `--rotation` rotates blocks before quantizing.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum RotationOption {
+    /// Hadamard wherever the time model says it costs at most 5 % (and
+    /// the block size is a power of two).
+    #[default]
+    Auto,
+    None,
+    Hadamard,
 }
 
 /// Whether the emitted ops are outlined into loop fusions.
@@ -96,18 +130,19 @@ pub enum FuseMode {
 
 /// The pass's options.
 ///
-/// Defaults, from `equarx simulate` (65 536 bf16 elements per device, P = 8;
-/// numbers in BENCHMARKS.md): B = 64 with bf16 scales sends the same bytes
-/// as B = 128 with f32 scales (1.94x fewer than a bf16 ring) and errs less:
-/// 1.28 % instead of 1.38 % relative RMS on Gaussian data and 3.7 % instead
-/// of 4.8 % on LLM-like activations whose outlier channels are 100x the rest
-/// (a large block lets one outlier flatten its neighbours). D = 2 lanes per
-/// direction give the scheduler a second chain to overlap. The ring is
-/// bidirectional: on a torus, and against an XLA all-reduce that uses both
-/// directions of its links, a one-way ring has half the bandwidth and never
-/// pays (`equarx model`). Which all-reduces are worth it is the cost model's
-/// call ([`crate::cost`], TPU v5e unless told otherwise); a minimum payload
-/// replaces the model when given.
+/// Defaults, from measurements (BENCHMARKS.md): B = 64 with bf16 scales
+/// sends the same bytes as B = 128 with f32 scales (1.94x fewer than a bf16
+/// ring) and errs less on outlier-heavy activations (a large block lets one
+/// outlier flatten its neighbours). Rotation is on wherever it is cheap: it
+/// cuts the error on such activations several times and changes nothing on
+/// Gaussian data. The ring is bidirectional: on a torus, and against an XLA
+/// all-reduce that uses both directions of its links, a one-way ring has
+/// half the bandwidth (`equarx model`). One lane per direction and the loop
+/// form keep a rewritten all-reduce under 200 instructions for any P, so
+/// XLA compiles the module about as fast as the original. Which all-reduces
+/// are worth it, and with which algorithm, is the cost model's call
+/// ([`crate::cost`], TPU v5e unless told otherwise); a minimum payload
+/// replaces the model when given, an error budget restricts it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// Elements per quantization block (B).
@@ -127,13 +162,21 @@ pub struct Options {
     pub gather: GatherForm,
     /// Outline the quantize / dequantize chains into loop fusions.
     pub fuse: FuseMode,
+    pub algorithm: AlgorithmOption,
+    pub rotation: RotationOption,
+    /// Write every ring step out instead of a `while` loop over them.
+    pub unroll: bool,
+    /// The largest predicted relative RMS error (on Gaussian data, in
+    /// percent) a rewrite may have: the fastest configuration within it
+    /// is taken, and an op with none is skipped.
+    pub max_error_pct: Option<f64>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             block_size: 64,
-            pipeline_depth: 2,
+            pipeline_depth: 1,
             bidirectional: true,
             min_payload_bytes: None,
             topology: Topology::parse(DEFAULT_TOPOLOGY).unwrap_or_else(|e| unreachable!("{e}")),
@@ -141,6 +184,10 @@ impl Default for Options {
             scale_type: ScaleType::Bf16,
             gather: GatherForm::AllGather,
             fuse: FuseMode::Auto,
+            algorithm: AlgorithmOption::Auto,
+            rotation: RotationOption::Auto,
+            unroll: false,
+            max_error_pct: None,
         }
     }
 }
@@ -182,6 +229,17 @@ impl Options {
                 self.pipeline_depth
             ));
         }
+        if self.rotation == RotationOption::Hadamard && !self.block_size.is_power_of_two() {
+            return Err(format!(
+                "--rotation hadamard needs a power-of-two block size, not {}",
+                self.block_size
+            ));
+        }
+        if let Some(e) = self.max_error_pct.filter(|e| !(e.is_finite() && *e > 0.0)) {
+            return Err(format!(
+                "the error budget must be a positive percentage, is {e}"
+            ));
+        }
         let quantizable = [PrimitiveType::Bf16, PrimitiveType::F16, PrimitiveType::F32];
         if let Some(t) = self.element_types.iter().find(|t| !quantizable.contains(t)) {
             return Err(format!(
@@ -220,8 +278,6 @@ pub enum SkipReason {
     TypeNotEnabled(String),
     #[error("groups have different sizes")]
     UnevenGroups,
-    #[error("group size 1: nothing to reduce")]
-    GroupOfOne,
     #[error("replica groups: {0}")]
     BadGroups(String),
     #[error("not expressible with collective-permute: {0}")]
@@ -242,12 +298,16 @@ pub enum SkipReason {
         .0.topology, .0.speedup, .0.bf16_us, .0.equarx_us
     )]
     NotFaster(PredictedTime),
-    #[error("payload too large to index with s32")]
-    TooLarge,
+    #[error("{0}")]
+    Plan(#[from] PlanError),
     #[error(
-        "the ring would emit {hops} collective hops (lanes × 2·(P−1)), more than the limit of {limit}"
+        "no configuration meets the error budget of {budget}% (the most exact, {best}, predicts {predicted:.2}% on Gaussian data)"
     )]
-    TooManyHops { hops: u64, limit: u64 },
+    OverBudget {
+        budget: f64,
+        best: String,
+        predicted: f64,
+    },
 }
 
 /// The pass's decision for one all-reduce.
@@ -288,13 +348,26 @@ pub struct PredictedTime {
     pub speedup: f64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+/// The plan of a rewrite, as the report shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PlanSummary {
+    /// The configuration chosen (`Plan::new(P, elements, &config)` gives
+    /// the plan back).
+    pub config: Config,
+    pub algorithm: String,
+    pub rotation: Rotation,
+    pub form: Form,
     pub block_size: usize,
     pub lanes: usize,
     pub padding_elements: usize,
-    pub collective_permutes: usize,
-    pub all_gathers: usize,
+    /// How often a partial sum is quantized on its way.
+    pub quantizations: usize,
+    /// Collective ops in the emitted HLO (a loop body's count once).
+    pub collectives: usize,
+    /// Collective steps each device runs (a loop's every iteration).
+    pub collective_steps: u64,
+    /// Instructions the rewrite added, new computations included.
+    pub instructions: usize,
 }
 
 impl OpReport {
@@ -344,13 +417,15 @@ impl Pass for QuantizedAllReduce {
         let mut reducers = None;
         let mut changed = false;
         let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
+        // A module that holds fusions is past XLA's optimizations.
+        let late = module
+            .computations()
+            .iter()
+            .any(|c| c.instructions().iter().any(|i| i.opcode == "fusion"));
         let fuse = match self.options.fuse {
             FuseMode::On => true,
             FuseMode::Off => false,
-            FuseMode::Auto => module
-                .computations()
-                .iter()
-                .any(|c| c.instructions().iter().any(|i| i.opcode == "fusion")),
+            FuseMode::Auto => late,
         };
         let mut dead_comps: Vec<CompId> = Vec::new();
         for comp_id in comp_ids {
@@ -358,6 +433,7 @@ impl Pass for QuantizedAllReduce {
                 continue;
             };
             let mut edits = Edits::default();
+            let mut bodies: Vec<CompId> = Vec::new();
             let all_reduces: Vec<HloInstructionProto> = comp
                 .instructions()
                 .iter()
@@ -371,7 +447,7 @@ impl Pass for QuantizedAllReduce {
                 let mut entry = describe(comp.name(), &instr, comp);
                 let decision =
                     eligibility::examine(module, comp, &instr, &self.options, &self.counts)
-                        .and_then(|c| plan_for(&c, &self.options).map(|p| (c, p)));
+                        .and_then(|c| choose(&c, &self.options).map(|p| (c, p)));
                 match decision {
                     Err(reason) => {
                         if let SkipReason::NotFaster(time) = &reason {
@@ -380,7 +456,7 @@ impl Pass for QuantizedAllReduce {
                         entry.reason = Some(reason.to_string());
                         self.report.push(entry);
                     }
-                    Ok((candidate, (plan, time))) => {
+                    Ok((candidate, Choice { plan, time })) => {
                         let reducers = *reducers.get_or_insert_with(|| Reducers {
                             max_f32: module.add_scalar_reducer(
                                 "equarx_max_f32",
@@ -392,16 +468,22 @@ impl Pass for QuantizedAllReduce {
                                 "or",
                                 PrimitiveType::S32,
                             ),
+                            add_f32: module.add_scalar_reducer(
+                                "equarx_add_f32",
+                                "add",
+                                PrimitiveType::F32,
+                            ),
                         });
                         let emitted = rewrite(
                             module,
                             &candidate,
                             &plan,
-                            &self.options,
+                            late,
                             reducers,
                             &mut edits,
                             &mut dead_comps,
                         )?;
+                        bodies.extend(emitted.computations.iter().copied());
                         fill_rewritten(&mut entry, &candidate, &plan, &emitted);
                         entry.predicted_time = Some(time);
                         self.report.push(entry);
@@ -418,6 +500,17 @@ impl Pass for QuantizedAllReduce {
             module.apply(comp_id, edits);
             if fuse && !emitted.is_empty() {
                 fuse::fuse_emitted(module, comp_id, &emitted);
+                for body in bodies {
+                    let all = module.computation(body).map(|c| {
+                        c.instructions()
+                            .iter()
+                            .map(|i| i.id)
+                            .collect::<rustc_hash::FxHashSet<i64>>()
+                    });
+                    if let Some(all) = all {
+                        fuse::fuse_emitted(module, body, &all);
+                    }
+                }
             }
         }
         for dead in dead_comps {
@@ -431,41 +524,252 @@ fn fail(message: impl Into<String>) -> PassError {
     PassError::Failed(message.into())
 }
 
-/// The ring plan, or why the ring would not pay: with a minimum payload,
-/// the bytes must shrink; without one, the cost model must predict a gain.
-fn plan_for(c: &Candidate, options: &Options) -> Result<(RingPlan, PredictedTime), SkipReason> {
+/// The plan an op gets, with the time model's view of it.
+pub struct Choice {
+    pub plan: Plan,
+    pub time: PredictedTime,
+}
+
+/// The configurations `options` allow for a group of `p`: every allowed
+/// algorithm, each without and (where allowed) with rotation.
+fn configurations(p: usize, options: &Options) -> Vec<Config> {
+    let grid = || match options.topology.slice.as_slice() {
+        &[outer, inner] if (outer * inner) as usize == p && outer >= 2 && inner >= 2 => {
+            Some(Algorithm::TwoLevel {
+                outer: outer as usize,
+                inner: inner as usize,
+            })
+        }
+        _ => None,
+    };
+    let algorithms: Vec<Algorithm> = match options.algorithm {
+        AlgorithmOption::Ring => vec![Algorithm::Ring],
+        AlgorithmOption::TwoShot => vec![Algorithm::TwoShot],
+        AlgorithmOption::TwoLevel => grid().or_else(|| balanced_grid(p)).into_iter().collect(),
+        // Two-level only where the machine is a 2-D slice of the group.
+        AlgorithmOption::Auto => [Some(Algorithm::Ring), Some(Algorithm::TwoShot), grid()]
+            .into_iter()
+            .flatten()
+            .collect(),
+    };
+    let rotations: &[Rotation] = match options.rotation {
+        RotationOption::None => &[Rotation::None],
+        RotationOption::Hadamard => &[Rotation::Hadamard],
+        RotationOption::Auto if options.block_size.is_power_of_two() => {
+            &[Rotation::None, Rotation::Hadamard]
+        }
+        RotationOption::Auto => &[Rotation::None],
+    };
+    let mut out = Vec::new();
+    for &algorithm in &algorithms {
+        for &rotation in rotations {
+            out.push(Config {
+                algorithm,
+                rotation,
+                block: options.block_size,
+                scale_type: options.scale_type,
+                pipeline_depth: options.pipeline_depth,
+                bidirectional: options.bidirectional,
+                gather: options.gather,
+                form: if options.unroll {
+                    Form::Unrolled
+                } else {
+                    Form::Loop
+                },
+            });
+        }
+    }
+    out
+}
+
+/// How much slower than the same plan unrotated a rotated plan may be for
+/// `--rotation auto` to take it, and how close to the fastest algorithm
+/// another must come for the choice to go by error instead.
+const CHEAP: f64 = 1.05;
+
+/// Picks the plan for candidate `c`, or says why none pays.
+///
+/// Per op: every configuration the options allow is planned, timed by the
+/// cost model and given its predicted error (Gaussian data). With
+/// `--rotation auto`, a rotated plan replaces its unrotated twin when it is
+/// at most 5 % slower. Among what is left, an error budget drops what it
+/// cannot afford; then the fastest plan wins, except that plans within 5 %
+/// of it go by predicted error. Without a minimum payload the winner must
+/// also beat XLA's all-reduce in the model; with one, it must send fewer
+/// bytes.
+pub fn choose(c: &Candidate, options: &Options) -> Result<Choice, SkipReason> {
     let elements: usize = c
         .operands
         .iter()
         .filter(|o| o.2)
         .map(|o| shape::element_count(&o.1).unwrap_or(u64::MAX) as usize)
         .fold(0usize, usize::saturating_add);
-    let plan = RingPlan::new(c.participants.group_size(), elements, options)?;
-    let before = ring_wire_bytes(plan.group_size, c.payload_bytes);
-    if plan.wire_bytes() >= before && !c.forced {
+    let mantissa = c
+        .operands
+        .iter()
+        .filter(|o| o.2)
+        .map(|o| mantissa_bits(o.1.element_type))
+        .min()
+        .unwrap_or(23);
+    let payload = Payload {
+        elements,
+        bytes: c.payload_bytes,
+        mantissa_bits: mantissa,
+    };
+    choose_plan(c.participants.group_size(), &payload, c.forced, options)
+}
+
+/// What is being all-reduced, as far as the choice cares.
+#[derive(Clone, Copy, Debug)]
+pub struct Payload {
+    pub elements: usize,
+    /// Bytes in the operands' own types.
+    pub bytes: u64,
+    /// Explicit mantissa bits of the narrowest operand type (bf16: 7).
+    pub mantissa_bits: u32,
+}
+
+/// [`choose`] for a payload over groups of `p`; `forced` waives the
+/// requirement that the rewrite pay.
+pub fn choose_plan(
+    p: usize,
+    payload: &Payload,
+    forced: bool,
+    options: &Options,
+) -> Result<Choice, SkipReason> {
+    let (elements, mantissa) = (payload.elements, payload.mantissa_bits);
+    let elem_bytes = payload.bytes / elements.max(1) as u64;
+    // (plan, µs, predicted error %)
+    let mut scored: Vec<(Plan, crate::cost::Prediction, f64)> = Vec::new();
+    let mut first_error = None;
+    for config in configurations(p, options) {
+        match Plan::new(p, elements, &config) {
+            Ok(plan) => {
+                let time = predict(&options.topology, &plan, payload.bytes, elem_bytes);
+                let err = 100.0 * predicted_rel_rms(&plan, mantissa);
+                scored.push((plan, time, err));
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if scored.is_empty() {
+        // Only an asked-for two-level can leave nothing to plan: a group
+        // whose size has no grid.
+        let why = first_error.unwrap_or(if p < 2 {
+            PlanError::GroupOfOne
+        } else {
+            PlanError::NoGrid(p)
+        });
+        return Err(SkipReason::Plan(why));
+    }
+    if options.rotation == RotationOption::Auto {
+        // Per algorithm: is its rotated plan at most 5 % slower?
+        let time_of = |a: Algorithm, r: Rotation, scored: &[(Plan, _, f64)]| {
+            scored
+                .iter()
+                .find(|s: &&(Plan, crate::cost::Prediction, f64)| {
+                    s.0.config.algorithm == a && s.0.config.rotation == r
+                })
+                .map(|s| s.1.equarx_us)
+        };
+        let cheap: Vec<(Algorithm, bool)> = scored
+            .iter()
+            .map(|s| s.0.config.algorithm)
+            .map(|a| {
+                let plain = time_of(a, Rotation::None, &scored);
+                let rotated = time_of(a, Rotation::Hadamard, &scored);
+                let yes = match (plain, rotated) {
+                    (Some(p), Some(r)) => r <= CHEAP * p,
+                    (None, Some(_)) => true,
+                    _ => false,
+                };
+                (a, yes)
+            })
+            .collect();
+        scored.retain(|s| {
+            let rotate = cheap
+                .iter()
+                .any(|&(a, yes)| a == s.0.config.algorithm && yes);
+            (s.0.config.rotation == Rotation::Hadamard) == rotate
+        });
+    }
+    if let Some(budget) = options.max_error_pct {
+        let best = scored
+            .iter()
+            .min_by(|a, b| a.2.total_cmp(&b.2))
+            .map(|s| (describe_config(&s.0.config), s.2));
+        scored.retain(|s| s.2 <= budget);
+        if scored.is_empty() {
+            let (best, predicted) = best.unwrap_or_default();
+            return Err(SkipReason::OverBudget {
+                budget,
+                best,
+                predicted,
+            });
+        }
+    }
+    let fastest = scored
+        .iter()
+        .map(|s| s.1.equarx_us)
+        .fold(f64::INFINITY, f64::min);
+    let (plan, prediction, _) = scored
+        .into_iter()
+        .filter(|s| s.1.equarx_us <= CHEAP * fastest)
+        .min_by(|a, b| {
+            a.2.total_cmp(&b.2)
+                .then(a.1.equarx_us.total_cmp(&b.1.equarx_us))
+        })
+        .ok_or(SkipReason::Plan(PlanError::GroupOfOne))?;
+    let before = ring_wire_bytes(p, payload.bytes);
+    if plan.wire_bytes() >= before && !forced {
         return Err(SkipReason::NoGain {
             before,
             after: plan.wire_bytes(),
         });
     }
-    let elem_bytes = c.payload_bytes / elements.max(1) as u64;
-    let prediction = predict(
-        &options.topology,
-        &plan,
-        c.payload_bytes,
-        elem_bytes,
-        options.bidirectional,
-    );
     let time = PredictedTime {
         topology: options.topology.name.clone(),
         bf16_us: prediction.bf16_us,
         equarx_us: prediction.equarx_us,
         speedup: prediction.speedup(),
     };
-    if options.min_payload_bytes.is_none() && !c.forced && time.speedup < 1.0 {
+    if options.min_payload_bytes.is_none() && !forced && time.speedup < 1.0 {
         return Err(SkipReason::NotFaster(time));
     }
-    Ok((plan, time))
+    Ok(Choice { plan, time })
+}
+
+/// The plan the pass chooses for a bf16 all-reduce of `bytes` over `p`
+/// ranks on topology `t` (the rewrite forced, so a plan comes back even
+/// where it would not pay), and its predicted times: `equarx model`'s rows.
+pub fn model_bf16(
+    p: usize,
+    bytes: u64,
+    options: &Options,
+    t: &Topology,
+) -> Result<(Plan, crate::cost::Prediction), SkipReason> {
+    let options = Options {
+        topology: t.clone(),
+        ..options.clone()
+    };
+    let payload = Payload {
+        elements: (bytes / 2) as usize,
+        bytes,
+        mantissa_bits: 7,
+    };
+    let choice = choose_plan(p, &payload, true, &options)?;
+    let prediction = predict(t, &choice.plan, bytes, 2);
+    Ok((choice.plan, prediction))
+}
+
+/// `ring + hadamard`, for messages.
+fn describe_config(c: &Config) -> String {
+    match c.rotation {
+        Rotation::None => c.algorithm.to_string(),
+        Rotation::Hadamard => format!("{} + hadamard", c.algorithm),
+    }
 }
 
 /// The report fields known before deciding.
@@ -508,28 +812,29 @@ fn describe(comp: &str, instr: &HloInstructionProto, c: &crate::ir::Computation)
     }
 }
 
-/// The scalar computations the ring's reductions call.
+/// The scalar computations the emitted reductions call.
 #[derive(Clone, Copy)]
 struct Reducers {
     max_f32: CompId,
     or_s32: CompId,
+    add_f32: CompId,
 }
 
-/// What was emitted for one all-reduce, counted from the instructions.
-struct Emitted {
-    wire_bytes: u64,
-    collective_permutes: usize,
-    all_gathers: usize,
+/// What was emitted for one all-reduce.
+struct Rewrite {
+    collectives: usize,
+    instructions: usize,
+    computations: Vec<CompId>,
 }
 
-fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &RingPlan, emitted: &Emitted) {
+fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &Plan, emitted: &Rewrite) {
     let p = plan.group_size;
     entry.rewritten = true;
     entry.group_size = Some(p);
     entry.groups = Some(c.participants.groups.len());
     entry.payload_bytes = c.payload_bytes;
     entry.wire_bytes_before = Some(ring_wire_bytes(p, c.payload_bytes));
-    entry.wire_bytes_after = Some(emitted.wire_bytes);
+    entry.wire_bytes_after = Some(plan.wire_bytes());
     let mantissa = c
         .operands
         .iter()
@@ -537,7 +842,7 @@ fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &RingPlan, emitted:
         .map(|o| mantissa_bits(o.1.element_type))
         .min()
         .unwrap_or(23);
-    entry.predicted_rel_rms = Some(predicted_rel_rms(p, plan.block, mantissa));
+    entry.predicted_rel_rms = Some(predicted_rel_rms(plan, mantissa));
     if c.forced {
         entry.reason = Some(format!(
             "forced by {}=\"true\"",
@@ -545,11 +850,17 @@ fn fill_rewritten(entry: &mut OpReport, c: &Candidate, plan: &RingPlan, emitted:
         ));
     }
     entry.plan = Some(PlanSummary {
-        block_size: plan.block,
+        config: plan.config.clone(),
+        algorithm: plan.config.algorithm.to_string(),
+        rotation: plan.config.rotation,
+        form: plan.config.form,
+        block_size: plan.block(),
         lanes: plan.lanes.len(),
         padding_elements: plan.padded() - plan.elements,
-        collective_permutes: emitted.collective_permutes,
-        all_gathers: emitted.all_gathers,
+        quantizations: plan.quantizations(),
+        collectives: emitted.collectives,
+        collective_steps: plan.collective_steps(),
+        instructions: emitted.instructions,
     });
 }
 
@@ -582,12 +893,12 @@ fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
 fn rewrite(
     module: &mut Module,
     c: &Candidate,
-    plan: &RingPlan,
-    options: &Options,
+    plan: &Plan,
+    late: bool,
     reducers: Reducers,
     edits: &mut Edits,
     dead_comps: &mut Vec<CompId>,
-) -> Result<Emitted, PassError> {
+) -> Result<Rewrite, PassError> {
     let comp = module
         .computation(c.comp)
         .ok_or_else(|| fail("computation vanished"))?;
@@ -660,19 +971,21 @@ fn rewrite(
         .filter(|(o, _)| o.2)
         .map(|(_, s)| s.clone())
         .collect();
-    let sums = emit_ring(
+    let emitted = emit(
         &mut b,
-        &RingInputs {
+        &EmitInputs {
             plan,
             participants: &c.participants,
             operands: &packed,
             results: &results,
             max_f32: reducers.max_f32,
             or_s32: reducers.or_s32,
-            gather: options.gather,
+            add_f32: reducers.add_f32,
             async_permutes: c.done.is_some(),
+            late,
         },
     );
+    let sums = emitted.values;
 
     // Operands that are not quantized keep a plain all-reduce of their own.
     let rest: Vec<Value> = c.operands.iter().filter(|o| !o.2).map(value).collect();
@@ -727,8 +1040,28 @@ fn rewrite(
     } else {
         None
     };
-    let emitted = b.finish().map_err(fail)?;
-    let stats = count_emitted(&emitted, plan.group_size);
+    let instrs = b.finish().map_err(fail)?;
+    let mut stats = Rewrite {
+        collectives: 0,
+        instructions: instrs.len(),
+        computations: emitted.computations,
+    };
+    for i in instrs.iter().chain(
+        stats
+            .computations
+            .iter()
+            .filter_map(|&id| module.computation(id))
+            .flat_map(|c| c.instructions()),
+    ) {
+        stats.collectives += usize::from(is_collective(&i.opcode));
+    }
+    stats.instructions += stats
+        .computations
+        .iter()
+        .filter_map(|&id| module.computation(id))
+        .map(|c| c.instructions().len())
+        .sum::<usize>();
+    let emitted = instrs;
 
     edits.insert_before.insert(c.instr, emitted);
     if let Some(whole) = whole {
@@ -807,36 +1140,10 @@ fn widened_from(
     Some((value, operand, wrapped))
 }
 
-/// Bytes each device sends in the emitted collectives, counted from them.
-fn count_emitted(emitted: &[HloInstructionProto], group_size: usize) -> Emitted {
-    let shapes: HashMap<i64, &ShapeProto> = emitted
-        .iter()
-        .filter_map(|i| i.shape.as_ref().map(|s| (i.id, s)))
-        .collect();
-    let operand_bytes = |i: &HloInstructionProto| {
-        i.operand_ids
-            .first()
-            .and_then(|o| shapes.get(o))
-            .and_then(|s| shape::byte_size(s))
-            .unwrap_or(0)
-    };
-    let mut e = Emitted {
-        wire_bytes: 0,
-        collective_permutes: 0,
-        all_gathers: 0,
-    };
-    for i in emitted {
-        match i.opcode.as_str() {
-            "collective-permute" | "collective-permute-start" => {
-                e.collective_permutes += 1;
-                e.wire_bytes += operand_bytes(i);
-            }
-            "all-gather" => {
-                e.all_gathers += 1;
-                e.wire_bytes += (group_size as u64 - 1) * operand_bytes(i);
-            }
-            _ => {}
-        }
-    }
-    e
+/// Collectives the emitted HLO holds (an async pair counts once).
+fn is_collective(opcode: &str) -> bool {
+    matches!(
+        opcode,
+        "collective-permute" | "collective-permute-start" | "all-gather" | "all-to-all"
+    )
 }

@@ -1,0 +1,14 @@
+//! How many replicas and partitions a module runs with.
+//!
+//! `HloModuleProto` does not say (XLA keeps the counts in the module's
+//! config), so they come from where the input does say: a container's
+//! config or device assignment, a text header, or the caller's options.
+//! Every layer that reads or writes modules uses this one type; it depends
+//! on nothing, so `io`, `text` and the passes all point down to it.
+
+/// The device counts a module runs with, where the input says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceCounts {
+    pub replica_count: Option<i64>,
+    pub num_partitions: Option<i64>,
+}

@@ -1,0 +1,542 @@
+//! The plan of one quantized all-reduce: who sends what to whom, in what
+//! order, how often each value is quantized, and the message layout.
+//!
+//! A plan is decided before any HLO is emitted, and four readers take
+//! their numbers from it and from nothing else:
+//!
+//! | reader | reads |
+//! |---|---|
+//! | the emitter (`passes/quantized_all_reduce/emit.rs`) | phases, lanes, messages, form |
+//! | the time model ([`crate::cost`]) | wire bytes and steps per phase, the work per element |
+//! | the error model ([`crate::numerics::error`]) | how often a value is quantized, and with how many contributions |
+//! | the simulator ([`crate::numerics::simulate`]) | the same phases, run on numbers |
+//!
+//! **Data layout.** The flattened payload (`n` elements) is zero-padded to
+//! `P·c`, with the per-rank chunk `c` a multiple of the block size `B` (the
+//! padding is below `P·B` elements), and seen as `[P chunks, c]`. Rank `t`
+//! ends up owning chunk `t`, fully reduced. A group of `P = P1·P2` ranks can
+//! also be seen as a grid: rank `r = i·P2 + j` has coordinate `i` on the
+//! outer axis and `j` on the inner one, and the payload as `[P1, P2, c]`.
+//!
+//! **Phases.** An algorithm is a list of phases. Each reduce phase runs over
+//! one axis: it splits what the device holds by that axis's coordinate and
+//! leaves every device with its own slice, summed over the axis. After the
+//! last one the device holds chunk `r`, and a gather phase gives every chunk
+//! to everybody:
+//!
+//! | algorithm | phases | requantizations of a partial sum |
+//! |---|---|---|
+//! | ring | ring(P), gather | P |
+//! | two-shot | exchange(P), gather | 2 |
+//! | two-level | ring(P2), ring(P1), gather | (P1−1)+(P2−1)+1 |
+//!
+//! **Lanes.** A lane is an independent chain of ops over one contiguous
+//! sub-chunk of every chunk: `D` lanes per direction, twice that with a
+//! bidirectional ring (the second half of the lanes travels the other way).
+//! Lanes hold whole blocks, as evenly as possible (they differ by at most
+//! one block), so blocks never straddle lanes or chunks. Ring phases run
+//! one chain per lane; the exchange and the gather move a whole chunk.
+//!
+//! **Messages.** One message per hop: the s8 codes followed by the scales,
+//! bit-cast to s8 (`len + (len/B)·scale_bytes` bytes).
+//!
+//! **Rotation.** An orthonormal Hadamard transform of every block, applied
+//! once to each device's input and undone once after the gather; every
+//! phase in between runs in the rotated domain (the sum commutes with it).
+
+use std::fmt;
+
+/// Most collective hops (chains × steps) one rewrite may run: a group of
+/// thousands of devices would otherwise make one all-reduce into a loop of
+/// millions of collectives (or, unrolled, millions of instructions).
+pub const MAX_RING_HOPS: u64 = 1 << 14;
+
+/// How the scales travel: f32 (kept to 17 significant bits), or bf16. The
+/// codes are computed against the scale that travels.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScaleType {
+    F32,
+    Bf16,
+}
+
+impl ScaleType {
+    pub fn bytes(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::Bf16 => 2,
+        }
+    }
+}
+
+/// How the reduced chunks reach every rank.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum GatherForm {
+    /// One `all-gather` (the backend picks its algorithm).
+    AllGather,
+    /// P−1 `collective-permute` hops round the ring.
+    Permute,
+}
+
+/// How repeated steps are emitted.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Form {
+    /// A `while` loop over the steps: the module does not grow with P.
+    Loop,
+    /// Every step written out: P−1 copies of the step's ops.
+    Unrolled,
+}
+
+/// The reduce algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// P−1 requantizing hops round a ring (the paper's algorithm).
+    Ring,
+    /// Every chunk quantized once and exchanged by one all-to-all; the
+    /// owner sums in f32.
+    TwoShot,
+    /// A ring on each axis of a `outer × inner` grid in turn.
+    TwoLevel { outer: usize, inner: usize },
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::Ring => f.write_str("ring"),
+            Algorithm::TwoShot => f.write_str("two-shot"),
+            Algorithm::TwoLevel { outer, inner } => write!(f, "two-level {outer}x{inner}"),
+        }
+    }
+}
+
+/// Whether blocks are rotated before quantization.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rotation {
+    None,
+    /// The orthonormal Hadamard transform of each block (B a power of two).
+    Hadamard,
+}
+
+/// One concrete configuration: what the per-op choice picked.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Config {
+    pub algorithm: Algorithm,
+    pub rotation: Rotation,
+    /// Elements per quantization block (B).
+    pub block: usize,
+    pub scale_type: ScaleType,
+    /// Independent chains per ring direction (D).
+    pub pipeline_depth: usize,
+    pub bidirectional: bool,
+    pub gather: GatherForm,
+    pub form: Form,
+}
+
+/// One independent chain of a ring phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lane {
+    /// +1: every rank sends to rank + 1 on the axis; −1: to rank − 1.
+    pub dir: i64,
+    /// Where the lane's sub-chunk starts inside a chunk.
+    pub offset: usize,
+    /// Elements of the sub-chunk, a multiple of the block size.
+    pub len: usize,
+}
+
+/// One axis of the group: `size` ranks whose coordinates step `stride`
+/// apart in rank order (the inner axis of a grid has stride 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Axis {
+    pub size: usize,
+    pub stride: usize,
+}
+
+/// One phase of an algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Phase {
+    /// Reduce-scatter over `axis` by `size − 1` hops round its ring; every
+    /// hop requantizes a partial sum.
+    Ring { axis: Axis },
+    /// Reduce-scatter over `axis` by one all-to-all: every slice is
+    /// quantized once, the owner dequantizes and sums in f32.
+    Exchange { axis: Axis },
+    /// The owned chunk, quantized once, reaches every rank of the group;
+    /// everybody (the owner too) dequantizes the same codes.
+    Gather,
+}
+
+/// Why no plan can be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("group size 1: nothing to reduce")]
+    GroupOfOne,
+    #[error("payload too large to index with s32")]
+    TooLarge,
+    #[error(
+        "the ring would run {hops} collective hops (chains × steps), more than the limit of {limit}"
+    )]
+    TooManyHops { hops: u64, limit: u64 },
+    #[error("two-level needs outer × inner = {group}, got {outer}x{inner} (each at least 2)")]
+    BadGrid {
+        group: usize,
+        outer: usize,
+        inner: usize,
+    },
+    #[error("two-level needs a 2-D grid, and a group of {0} has none (a prime size)")]
+    NoGrid(usize),
+    #[error("Hadamard rotation needs a power-of-two block size, not {0}")]
+    RotationBlock(usize),
+}
+
+/// The plan of one rewrite.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub config: Config,
+    /// Group size P.
+    pub group_size: usize,
+    /// Payload elements (all packed operands).
+    pub elements: usize,
+    /// Elements per rank chunk, `c`: a multiple of the block size.
+    pub chunk: usize,
+    /// The chains of the ring phases.
+    pub lanes: Vec<Lane>,
+    pub phases: Vec<Phase>,
+}
+
+impl Plan {
+    /// The plan for `elements` payload elements over groups of `p` ranks.
+    pub fn new(p: usize, elements: usize, config: &Config) -> Result<Self, PlanError> {
+        if p < 2 {
+            return Err(PlanError::GroupOfOne);
+        }
+        let b = config.block.max(1);
+        if config.rotation == Rotation::Hadamard && !b.is_power_of_two() {
+            return Err(PlanError::RotationBlock(b));
+        }
+        let per_rank_blocks = elements
+            .div_ceil(p.checked_mul(b).ok_or(PlanError::TooLarge)?)
+            .max(1);
+        let chunk = per_rank_blocks.checked_mul(b).ok_or(PlanError::TooLarge)?;
+        let padded = chunk.checked_mul(p).ok_or(PlanError::TooLarge)?;
+        if i32::try_from(padded).is_err() {
+            return Err(PlanError::TooLarge);
+        }
+        let whole = Axis { size: p, stride: 1 };
+        let phases = match config.algorithm {
+            Algorithm::Ring => vec![Phase::Ring { axis: whole }, Phase::Gather],
+            Algorithm::TwoShot => vec![Phase::Exchange { axis: whole }, Phase::Gather],
+            Algorithm::TwoLevel { outer, inner } => {
+                if outer < 2 || inner < 2 || outer.checked_mul(inner) != Some(p) {
+                    return Err(PlanError::BadGrid {
+                        group: p,
+                        outer,
+                        inner,
+                    });
+                }
+                vec![
+                    Phase::Ring {
+                        axis: Axis {
+                            size: inner,
+                            stride: 1,
+                        },
+                    },
+                    Phase::Ring {
+                        axis: Axis {
+                            size: outer,
+                            stride: inner,
+                        },
+                    },
+                    Phase::Gather,
+                ]
+            }
+        };
+        let lanes = lanes(per_rank_blocks, b, config);
+        let plan = Plan {
+            config: config.clone(),
+            group_size: p,
+            elements,
+            chunk,
+            lanes,
+            phases,
+        };
+        let hops = plan.collective_steps();
+        if hops > MAX_RING_HOPS {
+            return Err(PlanError::TooManyHops {
+                hops,
+                limit: MAX_RING_HOPS,
+            });
+        }
+        Ok(plan)
+    }
+
+    pub fn block(&self) -> usize {
+        self.config.block
+    }
+
+    pub fn scale_type(&self) -> ScaleType {
+        self.config.scale_type
+    }
+
+    /// `P·c`, the padded payload.
+    pub fn padded(&self) -> usize {
+        self.chunk * self.group_size
+    }
+
+    /// Bytes of one message carrying `len` elements (codes, then scales).
+    pub fn message_len(&self, len: usize) -> usize {
+        len + len / self.block() * self.scale_type().bytes()
+    }
+
+    /// The directions the lanes travel, in lane order (one or both).
+    pub fn directions(&self) -> Vec<i64> {
+        let mut dirs: Vec<i64> = self.lanes.iter().map(|l| l.dir).collect();
+        dirs.dedup();
+        dirs
+    }
+
+    /// How many chunk-sized slices each rank holds when phase `phase`
+    /// starts: the product of the axes not yet reduced (P before the first
+    /// reduce phase, 1 once every axis is reduced).
+    pub fn rows_before(&self, phase: usize) -> usize {
+        let reduced: usize = self.phases[..phase]
+            .iter()
+            .filter_map(Phase::axis)
+            .map(|a| a.size)
+            .product();
+        self.group_size / reduced
+    }
+
+    /// Bytes each device sends in `phase`.
+    pub fn phase_wire_bytes(&self, phase: usize) -> u64 {
+        let p = &self.phases[phase];
+        let rows = self.rows_before(phase);
+        match p {
+            // A ring or exchange over an axis of Q splits the `rows` slices
+            // held into Q groups and sends Q−1 of them (each once, as a
+            // message of `rows/Q` chunks).
+            Phase::Ring { axis } | Phase::Exchange { axis } => {
+                (axis.size - 1) as u64 * self.message_len(rows / axis.size * self.chunk) as u64
+            }
+            Phase::Gather => (self.group_size - 1) as u64 * self.message_len(self.chunk) as u64,
+        }
+    }
+
+    /// Bytes each device sends in all phases.
+    pub fn wire_bytes(&self) -> u64 {
+        (0..self.phases.len())
+            .map(|k| self.phase_wire_bytes(k))
+            .sum()
+    }
+
+    /// Collective steps one device takes part in, all chains together:
+    /// the hops of ring phases per lane, one per exchange, one gather (or
+    /// P−1 hops per direction of a permute gather).
+    pub fn collective_steps(&self) -> u64 {
+        self.phases
+            .iter()
+            .map(|p| match p {
+                Phase::Ring { axis } => (axis.size as u64 - 1) * self.lanes.len() as u64,
+                Phase::Exchange { .. } => 1,
+                Phase::Gather => match self.config.gather {
+                    GatherForm::AllGather => 1,
+                    GatherForm::Permute => {
+                        (self.group_size as u64 - 1) * self.directions().len() as u64
+                    }
+                },
+            })
+            .sum()
+    }
+
+    /// Σ over the quantizations a final value went through of the number of
+    /// device contributions the quantized value held, divided by P: the
+    /// factor the error model multiplies a single quantization's relative
+    /// noise by. Ring: (P+1)/2; two-shot: 2; two-level: (P1+P2)/2.
+    ///
+    /// A ring phase over an axis of Q quantizes partials of 1, 2, …, Q−1
+    /// times the contributions each input already holds, in each of the
+    /// chains that later sums meet: P·(Q−1)/2 in all. An exchange
+    /// quantizes each input once (P), a gather the complete sum once (P).
+    pub fn noise_weight(&self) -> f64 {
+        self.phases
+            .iter()
+            .map(|p| match p {
+                Phase::Ring { axis } => (axis.size as f64 - 1.0) / 2.0,
+                Phase::Exchange { .. } | Phase::Gather => 1.0,
+            })
+            .sum()
+    }
+
+    /// How many times a partial sum is quantized on its way (the plan's
+    /// requantization count, as the README's table states it).
+    pub fn quantizations(&self) -> usize {
+        self.phases
+            .iter()
+            .map(|p| match p {
+                Phase::Ring { axis } => axis.size - 1,
+                Phase::Exchange { .. } | Phase::Gather => 1,
+            })
+            .sum()
+    }
+}
+
+impl Phase {
+    pub fn axis(&self) -> Option<Axis> {
+        match self {
+            Phase::Ring { axis } | Phase::Exchange { axis } => Some(*axis),
+            Phase::Gather => None,
+        }
+    }
+}
+
+/// Splits a chunk of `blocks` blocks into lanes: D per direction, never
+/// more lanes than blocks.
+fn lanes(blocks: usize, b: usize, config: &Config) -> Vec<Lane> {
+    let directions: &[i64] = if config.bidirectional && blocks >= 2 {
+        &[1, -1]
+    } else {
+        &[1]
+    };
+    let count = config
+        .pipeline_depth
+        .max(1)
+        .saturating_mul(directions.len())
+        .min(blocks);
+    let per_dir = count / directions.len();
+    let mut lanes = Vec::with_capacity(count);
+    let mut offset = 0;
+    for l in 0..count {
+        let n = blocks / count + usize::from(l < blocks % count);
+        let dir = directions[(l / per_dir).min(directions.len() - 1)];
+        lanes.push(Lane {
+            dir,
+            offset,
+            len: n * b,
+        });
+        offset += n * b;
+    }
+    lanes
+}
+
+/// Bytes each device sends in a bandwidth-optimal ring all-reduce of
+/// `payload_bytes`: 2·(P−1)/P of the payload.
+pub fn ring_wire_bytes(group_size: usize, payload_bytes: u64) -> u64 {
+    let p = group_size as u64;
+    2 * (p - 1) * payload_bytes / p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(algorithm: Algorithm) -> Config {
+        Config {
+            algorithm,
+            rotation: Rotation::None,
+            block: 64,
+            scale_type: ScaleType::Bf16,
+            pipeline_depth: 1,
+            bidirectional: true,
+            gather: GatherForm::AllGather,
+            form: Form::Loop,
+        }
+    }
+
+    #[test]
+    fn chunks_hold_whole_blocks_and_lanes_split_them_evenly() {
+        let c = Config {
+            block: 128,
+            pipeline_depth: 2,
+            ..config(Algorithm::Ring)
+        };
+        // 10 000 elements over 8 ranks: 1250 each → 10 blocks of 128.
+        let plan = Plan::new(8, 10_000, &c).unwrap();
+        assert_eq!(plan.chunk, 1280);
+        assert_eq!(plan.padded(), 10_240);
+        let lens: Vec<usize> = plan.lanes.iter().map(|l| l.len).collect();
+        assert_eq!(lens, vec![384, 384, 256, 256]);
+        let dirs: Vec<i64> = plan.lanes.iter().map(|l| l.dir).collect();
+        assert_eq!(dirs, vec![1, 1, -1, -1]);
+        assert_eq!(plan.lanes[3].offset + plan.lanes[3].len, plan.chunk);
+    }
+
+    #[test]
+    fn lanes_never_outnumber_blocks() {
+        let c = Config {
+            block: 128,
+            pipeline_depth: 64,
+            bidirectional: false,
+            ..config(Algorithm::Ring)
+        };
+        let plan = Plan::new(8, 2048, &c).unwrap();
+        assert_eq!(plan.lanes.len(), 2);
+        assert_eq!(plan.padded(), 2048);
+    }
+
+    #[test]
+    fn every_algorithm_halves_the_wire_bytes_of_a_bf16_ring() {
+        for n in [512 * 1024, 1_000_000, 524_289, 3 * 1024 * 1024 + 17] {
+            for algorithm in [
+                Algorithm::Ring,
+                Algorithm::TwoShot,
+                Algorithm::TwoLevel { outer: 2, inner: 4 },
+            ] {
+                for (block, scale_type) in [(128, ScaleType::F32), (64, ScaleType::Bf16)] {
+                    let c = Config {
+                        block,
+                        scale_type,
+                        ..config(algorithm)
+                    };
+                    let plan = Plan::new(8, n, &c).unwrap();
+                    let ratio = ring_wire_bytes(8, 2 * n as u64) as f64 / plan.wire_bytes() as f64;
+                    assert!(
+                        (1.93..=1.94).contains(&ratio),
+                        "n={n} {algorithm} B={block}: {ratio}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn noise_weights_follow_the_requantization_counts() {
+        let w = |a| Plan::new(8, 1 << 16, &config(a)).unwrap().noise_weight();
+        assert_eq!(w(Algorithm::Ring), 4.5);
+        assert_eq!(w(Algorithm::TwoShot), 2.0);
+        assert_eq!(w(Algorithm::TwoLevel { outer: 2, inner: 4 }), 3.0);
+        let q = |a| Plan::new(8, 1 << 16, &config(a)).unwrap().quantizations();
+        assert_eq!(q(Algorithm::Ring), 8);
+        assert_eq!(q(Algorithm::TwoShot), 2);
+        assert_eq!(q(Algorithm::TwoLevel { outer: 2, inner: 4 }), 5);
+    }
+
+    #[test]
+    fn bad_grids_and_rotation_blocks_are_refused() {
+        assert!(matches!(
+            Plan::new(8, 4096, &config(Algorithm::TwoLevel { outer: 3, inner: 3 })),
+            Err(PlanError::BadGrid { .. })
+        ));
+        let c = Config {
+            block: 96,
+            rotation: Rotation::Hadamard,
+            ..config(Algorithm::Ring)
+        };
+        assert_eq!(Plan::new(8, 4096, &c), Err(PlanError::RotationBlock(96)));
+        assert_eq!(
+            Plan::new(1, 4096, &config(Algorithm::Ring)),
+            Err(PlanError::GroupOfOne)
+        );
+    }
+}
