@@ -16,8 +16,8 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `EQUARX_BENCH_MODULE` | the module to rewrite (any container `equarx rewrite` reads) |
-//! | `EQUARX_BENCH_OPTIONS` | the options as the doors' JSON (`equarx::ffi::parse_options`); empty: defaults |
-//! | `EQUARX_BENCH_EXPECT` | optional: a file the rewrite must reproduce byte for byte (the CLI's output for the same options: proof that the JSON means the same flags) |
+//! | `EQUARX_BENCH_FLAGS` | the pass options as `equarx rewrite` flags, a JSON array of strings (`["--pipeline-depth", "1"]`), read as the CLI reads them; unset: defaults |
+//! | `EQUARX_BENCH_EXPECT` | optional: a file the rewrite must reproduce byte for byte (the CLI's output for the same flags) |
 //! | `EQUARX_BENCH_RUNS` | timed runs of each measurement, interleaved (default 3) |
 
 mod tp_prefill;
@@ -96,9 +96,8 @@ fn instructions(m: &HloModuleProto) -> usize {
 /// (bench/compile/run prints them), not panics.
 fn file_mode(path: &str) -> Result<String, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let options =
-        equarx::ffi::parse_options(&std::env::var("EQUARX_BENCH_OPTIONS").unwrap_or_default())
-            .map_err(|e| format!("EQUARX_BENCH_OPTIONS: {e}"))?;
+    let flags = std::env::var("EQUARX_BENCH_FLAGS").unwrap_or_else(|_| "[]".into());
+    let options = cli_options(&flags).map_err(|e| format!("EQUARX_BENCH_FLAGS={flags}: {e}"))?;
     let runs: usize = match std::env::var("EQUARX_BENCH_RUNS") {
         Ok(s) => s
             .parse()
@@ -116,9 +115,8 @@ fn file_mode(path: &str) -> Result<String, String> {
         let want = std::fs::read(&expect).map_err(|e| format!("cannot read {expect}: {e}"))?;
         if want != out {
             return Err(format!(
-                "the library's rewrite with EQUARX_BENCH_OPTIONS={} differs from {expect} \
-                 ({} bytes against {}): the JSON options do not mean what the CLI flags meant",
-                std::env::var("EQUARX_BENCH_OPTIONS").unwrap_or_default(),
+                "the library's rewrite with EQUARX_BENCH_FLAGS={flags} differs from {expect} \
+                 ({} bytes against {}): not the module the CLI wrote",
                 out.len(),
                 want.len()
             ));
@@ -149,6 +147,20 @@ fn file_mode(path: &str) -> Result<String, String> {
         "decode_encode_output_s": secs(&de),
     })
     .to_string())
+}
+
+/// Pass options from command-line flags, the way `equarx rewrite` reads
+/// them (the flags of `equarx::options`).
+fn cli_options(flags_json: &str) -> Result<RewriteOptions, String> {
+    let flags: Vec<String> = serde_json::from_str(flags_json)
+        .map_err(|e| format!("want a JSON array of strings: {e}"))?;
+    let m = clap::Command::new("equarx rewrite")
+        .no_binary_name(true)
+        .args(equarx::options::clap_args())
+        .try_get_matches_from(&flags)
+        .map_err(|e| e.to_string())?;
+    let given = equarx::options::given_in(&m);
+    equarx::options::from_pairs(given.iter().map(|(n, v)| (*n, v.as_str())))
 }
 
 criterion_group!(benches, bench);

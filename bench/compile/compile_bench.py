@@ -20,8 +20,8 @@ For each layer count L it
      a compile over --timeout is killed, reported as "> T", and not retried;
   5. times the whole in-memory rewrite (decode, verify, pass, verify,
      encode) against a prost decode + encode of its output, with
-     benches/pass.rs in file mode, after checking that the library's
-     rewrite reproduces the CLI's output byte for byte.
+     benches/pass.rs in file mode (given the same flags), after checking
+     that the library's rewrite reproduces the CLI's output byte for byte.
 """
 
 import argparse
@@ -216,9 +216,12 @@ def count_instructions(path):
     return instructions, computations
 
 
+MIN_PAYLOAD_FLAGS = ("--min-payload", "--min-payload-bytes", "--min_payload", "--min_payload_bytes")
+
+
 def rewrite_flags(variant):
     flags = list(variant["flags"])
-    if not any(f == "--min-payload" or f.startswith("--min-payload=") for f in flags):
+    if not any(f.split("=")[0] in MIN_PAYLOAD_FLAGS for f in flags):
         flags = ["--min-payload", "0"] + flags
     return flags
 
@@ -236,63 +239,13 @@ def rewrite(equarx, module, out, report, flags):
     return sum(1 for r in rep if r.get("rewritten")), len(rep)
 
 
-# ------------------------------------------------------------------ flags → the doors' JSON
-
-def parse_bytes(s):
-    s = s.strip()
-    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
-        if s.endswith(suffix):
-            return int(s[:-len(suffix)].strip()) * mult
-    return int(s)
-
-
-def scalar(v):
-    if v in ("true", "false"):
-        return v == "true"
-    try:
-        return int(v)
-    except ValueError:
-        return v
-
-
-def flags_to_options(flags):
-    """`equarx rewrite` pass flags → the JSON options of equarx's doors
-    (equarx::ffi::JsonOptions): `--some-flag V` → "some_flag": V, a bare
-    flag → true, with the few names and forms that differ. benches/pass.rs
-    refuses an unknown key and checks that the result reproduces the CLI's
-    output, so a wrong translation fails loudly instead of timing something
-    else."""
-    opts = {}
-    i = 0
-    while i < len(flags):
-        f = flags[i]
-        if not f.startswith("--"):
-            raise BenchError("variant flag %r: expected --name [value]" % f)
-        if "=" in f:
-            name, value = f[2:].split("=", 1)
-            i += 1
-        elif i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            name, value = f[2:], flags[i + 1]
-            i += 2
-        else:
-            name, value = f[2:], None
-            i += 1
-        if name == "min-payload":
-            opts["min_payload_bytes"] = parse_bytes(value)
-        elif name == "types":
-            opts["types"] = [t.strip() for t in value.split(",") if t.strip()]
-        elif name == "disable-pass":
-            opts.setdefault("disabled_passes", []).append(value)
-        else:
-            opts[name.replace("-", "_")] = True if value is None else scalar(value)
-    return opts
-
+# ------------------------------------------------------------------ the pass's own time
 
 def time_pass(bench, module, expect, flags, runs, timeout):
     env = dict(os.environ)
     env.update({
         "EQUARX_BENCH_MODULE": module,
-        "EQUARX_BENCH_OPTIONS": json.dumps(flags_to_options(flags)),
+        "EQUARX_BENCH_FLAGS": json.dumps(flags),
         "EQUARX_BENCH_EXPECT": expect,
         "EQUARX_BENCH_RUNS": str(runs),
     })
