@@ -68,7 +68,8 @@ def parse_args(argv):
                "  bench/compile/run\n"
                "  bench/compile/run --layers 16 --runs 5\n"
                "  bench/compile/run --layers 16,62 --variant default "
-               "--variant '--pipeline-depth 1 --bidirectional false'\n"
+               "--variant '--algorithm ring' --variant '--algorithm ring --unroll'\n"
+               "  bench/compile/run --layers 16 --variant default --variant=--unroll\n"
                "  bench/compile/run --layers 1 --runs 1 --pass-runs 1 --profile dev   # smoke\n")
     ap.add_argument("--layers", default="16,62",
                     help="comma-separated layer counts (default 16,62)")
