@@ -243,6 +243,38 @@ fn cases() -> Vec<Case> {
             "changed",
             "min_payload_bytes=0;types=bf16,f32",
         ),
+        // Every algorithm and form in the real pipeline, on a plain module
+        // and on the scheduled, fused one (the pre-scheduler position).
+        case(
+            "psum_bf16_p8.pb",
+            "changed",
+            "min_payload_bytes=0;algorithm=ring;rotation=hadamard",
+        ),
+        case(
+            "psum_bf16_p8.pb",
+            "changed",
+            "min_payload_bytes=0;algorithm=two-level;gather=permute",
+        ),
+        case(
+            "psum_bf16_p8.pb",
+            "changed",
+            "min_payload_bytes=0;algorithm=ring;unroll=true",
+        ),
+        case(
+            "tp_block_after_opt.pb",
+            "changed",
+            "min_payload_bytes=0;types=bf16,f32;algorithm=ring;rotation=hadamard",
+        ),
+        case(
+            "tp_block_after_opt.pb",
+            "changed",
+            "min_payload_bytes=0;types=bf16,f32;algorithm=two-shot",
+        ),
+        case(
+            "tp_block_after_opt.pb",
+            "changed",
+            "min_payload_bytes=0;types=bf16,f32;algorithm=two-level;gather=permute",
+        ),
         // Negative twins: an f32 all-reduce with only bf16 enabled, a payload
         // the cost model does not find worth it, and options the pass refuses.
         case(
@@ -331,13 +363,14 @@ fn equarx_pass_runs_in_a_real_xla_pipeline() {
     let mut failures = Vec::new();
     for (case, r) in cases.iter().zip(&results) {
         let summary = format!(
-            "{:<28} {:<9} {:<32} changed={} verifier={} s8-collective-permutes={} all-reduces {}->{} schedule={} {}",
+            "{:<28} {:<9} {:<32} changed={} verifier={} s8-collectives={} whiles={} all-reduces {}->{} schedule={} {}",
             case.fixture,
             case.expect,
             case.options,
             r["changed"],
             r["verifier"],
-            r["s8_collective_permutes"],
+            r["s8_collectives"],
+            r["whiles"],
             r["all_reduces_before"],
             r["all_reduces_after"],
             r["schedule_after"],

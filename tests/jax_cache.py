@@ -37,7 +37,10 @@ S8_PERMUTE = re.compile(r"= s8\[[^\]]*\](\{[^}]*\})? collective-permute\(")
 
 # The options every equarx process uses unless the command line adds some:
 # XLA:CPU has promoted the bf16 psum to f32 by the hook's stage.
-BASE_OPTIONS = {"types": ("bf16", "f32"), "min_payload": 0}
+# The ring with two lanes a way: one lane a way (an option change) writes
+# fewer permutes into the loop body.
+BASE_OPTIONS = {"types": ("bf16", "f32"), "min_payload": 0, "algorithm": "ring",
+                "pipeline_depth": 2}
 
 events: list[str] = []
 jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
@@ -123,7 +126,7 @@ def in_process():
     step("plain")
     ej.enable(platforms=("cpu",), **BASE_OPTIONS)
     step("enabled")
-    ej.enable(platforms=("cpu",), **BASE_OPTIONS, pipeline_depth=1)
+    ej.enable(platforms=("cpu",), **{**BASE_OPTIONS, "pipeline_depth": 1})
     step("pipeline_depth=1")
     ej.disable()
     step("disabled")

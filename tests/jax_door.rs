@@ -46,7 +46,7 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
     println!("python process: {:.1?}", started.elapsed());
 
     assert_eq!(
-        r["plain"]["s8_collective_permutes"], 0,
+        r["plain"]["s8_collectives"], 0,
         "plain compile has no s8 ring"
     );
 
@@ -56,8 +56,8 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         "after XLA's fusion equarx emits loop fusions: {e}"
     );
     assert!(
-        e["s8_collective_permutes"].as_u64().unwrap_or(0) > 0,
-        "no s8 collective-permute in the compiled HLO: {e}"
+        e["s8_collectives"].as_u64().unwrap_or(0) > 0,
+        "no s8 collective in the compiled HLO: {e}"
     );
     assert_eq!(
         e["rewritten"], 2,
@@ -104,7 +104,7 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
 
     assert_eq!(r["disable_returned"], true);
     assert_eq!(
-        r["after_disable"]["s8_collective_permutes"], 0,
+        r["after_disable"]["s8_collectives"], 0,
         "disable() removes the pass"
     );
     assert_eq!(r["after_disable"]["disable_again"], false);

@@ -523,8 +523,8 @@ fn six_random_cases_run_in_xla() {
                 }
             }
             println!(
-                "case {n}: {:?} {:?} P={} operands {:?} B={} D={} bidirectional={} {:?} {:?}: \
-                 worst error / worst-case bound = {worst_ratio:.3}",
+                "case {n}: {:?} {:?} P={} operands {:?} B={} D={} bidirectional={} {:?} {:?} \
+                 {} {:?} {:?}: worst error / worst-case bound = {worst_ratio:.3}",
                 c.mode,
                 c.encoding,
                 g.len(),
@@ -534,6 +534,9 @@ fn six_random_cases_run_in_xla() {
                 c.options.bidirectional,
                 c.options.scale_type,
                 c.options.gather,
+                plan.config.algorithm,
+                plan.config.rotation,
+                plan.config.form,
             );
         }
     }

@@ -15,7 +15,7 @@ use common::{run_xla, scratch};
 use equarx::io::DeviceCounts;
 use equarx::proto::{HloModuleProto, PrimitiveType};
 use equarx::text::{PrintOptions, print_module_with};
-use equarx::{FuseMode, GatherForm, RewriteOptions, ScaleType};
+use equarx::{AlgorithmOption, FuseMode, GatherForm, RewriteOptions, RotationOption, ScaleType};
 use serde_json::json;
 
 struct Case {
@@ -113,6 +113,36 @@ fn positives() -> Vec<Case> {
         case("f32_scales", p8(), opts(|o| o.scale_type = ScaleType::F32)),
         // As after XLA's fusion: the ring's chains outlined into kLoop fusions.
         case("fused_loops", p8(), opts(|o| o.fuse = FuseMode::On)),
+        // The ring written out step by step instead of the loop.
+        case("unrolled", p8(), opts(|o| o.unroll = true)),
+        // The other algorithms, and the rotation.
+        case(
+            "two_shot",
+            p8(),
+            opts(|o| o.algorithm = AlgorithmOption::TwoShot),
+        ),
+        case(
+            "two_level",
+            p8(),
+            opts(|o| o.algorithm = AlgorithmOption::TwoLevel),
+        ),
+        case(
+            "hadamard",
+            p8(),
+            opts(|o| o.rotation = RotationOption::Hadamard),
+        ),
+        // The time model's choice for a small psum on v5e.
+        case(
+            "defaults",
+            p8(),
+            RewriteOptions {
+                pass: equarx::Options {
+                    min_payload_bytes: Some(0),
+                    ..equarx::Options::default()
+                },
+                ..RewriteOptions::default()
+            },
+        ),
     ]
 }
 
@@ -174,6 +204,22 @@ fn negatives() -> Vec<(Case, &'static str)> {
         (
             case("f32_not_enabled", load("psum_f32_p8.pb"), opts(|_| {})),
             "f32 is not enabled",
+        ),
+        (
+            case(
+                "over_error_budget",
+                p8(),
+                opts(|o| o.max_error_pct = Some(0.1)),
+            ),
+            "no configuration meets the error budget",
+        ),
+        (
+            case(
+                "two_level_without_a_grid",
+                load("psum_bf16_2x4_strided.pb"),
+                opts(|o| o.algorithm = AlgorithmOption::TwoLevel),
+            ),
+            "has none",
         ),
     ]
 }

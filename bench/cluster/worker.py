@@ -78,14 +78,23 @@ def config_options(name: str) -> dict:
     """``b64-d2`` → equarx.jax.enable options. Tokens (any order, '-'
     separated): ``bN`` block size, ``dN`` pipeline depth, ``bidi``
     bidirectional ring, ``f32s``/``bf16s`` scale type, ``permute`` gather by
-    P-1 collective-permutes instead of all-gather."""
+    P-1 collective-permutes instead of all-gather, ``ring``/``twoshot``/
+    ``twolevel`` the algorithm, ``had``/``norot`` Hadamard rotation or none,
+    ``unroll`` the unrolled form instead of the loop. Without tokens for
+    them: the paper's ring, unrotated, one way round, two lanes. ``auto``
+    first drops those to the pass's own defaults (the time model chooses
+    the algorithm and the rotation; one lane each way round)."""
     opts = {"platforms": ("cpu",), "types": ("bf16", "f32"), "min_payload": 0,
             "block_size": 64, "pipeline_depth": 2, "bidirectional": False,
-            "scale_type": "bf16", "gather": "all-gather"}
+            "scale_type": "bf16", "gather": "all-gather", "algorithm": "ring",
+            "rotation": "none"}
     for tok in name.split("-"):
         if not tok:
             continue
-        if re.fullmatch(r"b\d+", tok):
+        if tok == "auto":
+            for k in ("pipeline_depth", "bidirectional", "algorithm", "rotation"):
+                opts.pop(k, None)
+        elif re.fullmatch(r"b\d+", tok):
             opts["block_size"] = int(tok[1:])
         elif re.fullmatch(r"d\d+", tok):
             opts["pipeline_depth"] = int(tok[1:])
@@ -99,6 +108,12 @@ def config_options(name: str) -> dict:
             pass  # compile_before_fusion, not the JAX door; exact: no excess precision
         elif tok == "allgather":
             opts["gather"] = "all-gather"
+        elif tok in ("ring", "twoshot", "twolevel"):
+            opts["algorithm"] = {"ring": "ring", "twoshot": "two-shot", "twolevel": "two-level"}[tok]
+        elif tok in ("had", "norot"):
+            opts["rotation"] = "hadamard" if tok == "had" else "none"
+        elif tok == "unroll":
+            opts["unroll"] = True
         else:
             raise SystemExit(f"unknown equarx config token {tok!r} in {name!r}")
     return opts

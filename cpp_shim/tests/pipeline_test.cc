@@ -92,11 +92,22 @@ absl::StatusOr<std::unique_ptr<xla::HloModule>> LoadModule(
 }
 
 struct Census {
-  int s8_collective_permutes = 0;
+  // Collectives that move s8 (the quantized codes, whichever algorithm:
+  // ring permutes, a two-shot all-to-all, the gather).
+  int s8_collectives = 0;
   int collective_permutes = 0;
   int all_reduces = 0;
   int all_gathers = 0;
+  int all_to_alls = 0;
+  int whiles = 0;
 };
+
+// Whether a shape is s8, or a tuple whose first element is.
+bool IsS8(const xla::Shape& shape) {
+  if (shape.IsTuple())
+    return shape.tuple_shapes_size() > 0 && IsS8(shape.tuple_shapes(0));
+  return shape.IsArray() && shape.element_type() == xla::S8;
+}
 
 Census Count(const xla::HloModule& module) {
   Census c;
@@ -104,11 +115,9 @@ Census Count(const xla::HloModule& module) {
     for (const xla::HloInstruction* instr : comp->instructions()) {
       switch (instr->opcode()) {
         case xla::HloOpcode::kCollectivePermute:
+        case xla::HloOpcode::kCollectivePermuteStart:
           c.collective_permutes++;
-          if (instr->shape().IsArray() &&
-              instr->shape().element_type() == xla::S8) {
-            c.s8_collective_permutes++;
-          }
+          c.s8_collectives += IsS8(instr->shape());
           break;
         case xla::HloOpcode::kAllReduce:
         case xla::HloOpcode::kAllReduceStart:
@@ -116,6 +125,14 @@ Census Count(const xla::HloModule& module) {
           break;
         case xla::HloOpcode::kAllGather:
           c.all_gathers++;
+          c.s8_collectives += IsS8(instr->shape());
+          break;
+        case xla::HloOpcode::kAllToAll:
+          c.all_to_alls++;
+          c.s8_collectives += IsS8(instr->shape());
+          break;
+        case xla::HloOpcode::kWhile:
+          c.whiles++;
           break;
         default:
           break;
@@ -191,8 +208,10 @@ bool RunCase(const std::string& spec) {
   json << ",\"changed\":" << (*changed ? "true" : "false")
        << ",\"verifier\":"
        << JsonString(verified.ok() ? "ok" : verified.status().ToString())
-       << ",\"s8_collective_permutes\":" << after.s8_collective_permutes
+       << ",\"s8_collectives\":" << after.s8_collectives
        << ",\"collective_permutes\":" << after.collective_permutes
+       << ",\"all_to_alls\":" << after.all_to_alls
+       << ",\"whiles\":" << after.whiles
        << ",\"all_reduces_after\":" << after.all_reduces
        << ",\"all_gathers_after\":" << after.all_gathers
        << ",\"scheduled_before\":" << (scheduled ? "true" : "false")
@@ -211,8 +230,7 @@ bool RunCase(const std::string& spec) {
   if (expect == "error") return finish(false, "expected an error");
   if (expect == "changed") {
     if (!*changed) return finish(false, "expected a change");
-    if (after.s8_collective_permutes == 0)
-      return finish(false, "no s8 collective-permute");
+    if (after.s8_collectives == 0) return finish(false, "no s8 collective");
     // Nothing left for a second run: the pass is idempotent on its output.
     xla::HloPassPipeline again("equarx-again");
     again.AddInvariantChecker<xla::HloVerifier>(false, false);
@@ -224,8 +242,8 @@ bool RunCase(const std::string& spec) {
     return finish(true, "");
   }
   if (*changed) return finish(false, "expected no change");
-  if (after.s8_collective_permutes != 0)
-    return finish(false, "s8 collective-permutes in an unchanged module");
+  if (after.s8_collectives != 0)
+    return finish(false, "s8 collectives in an unchanged module");
   return finish(true, "");
 }
 

@@ -69,28 +69,16 @@ impl<'m> Builder<'m> {
         params: &[ShapeProto],
         f: impl FnOnce(&mut Builder<'_>, Vec<Value>) -> Value,
     ) -> CompId {
-        let header = HloComputationProto {
-            name: name.to_string(),
-            program_shape: Some(ProgramShapeProto {
-                parameters: params.to_vec(),
-                result: None,
-                parameter_names: vec![],
-            }),
-            ..Default::default()
-        };
-        let comp = self.module.add_computation(header, false, Some(self.comp));
-        let mut inner = Builder::new(self.module, comp, self.metadata.clone());
-        let args: Vec<Value> = params
-            .iter()
-            .enumerate()
-            .map(|(n, s)| inner.parameter(n as i64, s.clone()))
-            .collect();
-        let root = f(&mut inner, args);
-        match inner.finish() {
-            Ok(instrs) => self.module.append(comp, instrs, root.id, root.shape),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
+        let (comp, error) = build_computation(
+            self.module,
+            name,
+            params,
+            Some(self.comp),
+            self.metadata.clone(),
+            f,
+        );
+        if let Some(e) = error {
+            self.error.get_or_insert(e);
         }
         comp
     }
@@ -111,6 +99,21 @@ impl<'m> Builder<'m> {
             Some(e) => Err(e),
             None => Ok(self.out),
         }
+    }
+
+    /// [`Builder::finish`] without the emitted instructions that neither
+    /// `keep` nor any other kept instruction reads (what a reshape folded
+    /// away, a constant no longer needed). Emitted ops have no side effects
+    /// but the collectives, and every collective is read.
+    pub fn finish_keeping(self, keep: &[InstrId]) -> Result<Vec<HloInstructionProto>, String> {
+        let out = self.finish()?;
+        let mut live: rustc_hash::FxHashSet<i64> = keep.iter().map(|k| k.0).collect();
+        for i in out.iter().rev() {
+            if live.contains(&i.id) {
+                live.extend(i.operand_ids.iter().copied());
+            }
+        }
+        Ok(out.into_iter().filter(|i| live.contains(&i.id)).collect())
     }
 
     /// Adds `instr` (opcode and attributes set; shape set where the result
@@ -274,7 +277,36 @@ impl<'m> Builder<'m> {
         )
     }
 
+    /// `reshape(x)` to `dims`: `x` itself when it has them already, and a
+    /// reshape of what `x` reshapes when `x` is a reshape this builder made
+    /// (the one left unused is dropped by [`Builder::finish_keeping`]).
     pub fn reshape(&mut self, x: &Value, dims: &[i64]) -> Value {
+        if x.dims() == dims && x.shape.layout == shape::array(PrimitiveType::F32, dims).layout {
+            return x.clone();
+        }
+        let source = self
+            .out
+            .iter()
+            .rev()
+            .find(|i| i.id == x.id.0)
+            .filter(|i| i.opcode == "reshape")
+            .and_then(|i| i.operand_ids.first().copied())
+            .and_then(|o| {
+                self.out
+                    .iter()
+                    .find(|i| i.id == o)
+                    .or_else(|| self.module.computation(self.comp)?.get(InstrId(o)))
+            })
+            .and_then(|i| {
+                i.shape.clone().map(|s| Value {
+                    id: InstrId(i.id),
+                    shape: s,
+                })
+            });
+        let x = source.as_ref().unwrap_or(x);
+        if x.dims() == dims {
+            return x.clone();
+        }
         self.add(
             Self::op_with_shape("reshape", shape::with_dims(&x.shape, dims)),
             &[x],
@@ -560,6 +592,52 @@ impl<'m> Builder<'m> {
                 .collect(),
             iota_replica_group_list: None,
         })
+    }
+}
+
+/// Builds computation `name(params...)` into `module` with `f` (as
+/// [`Builder::computation`]), before computation `before` or in front of
+/// all others; returns it and the first inconsistency met, if any.
+pub fn build_computation(
+    module: &mut Module,
+    name: &str,
+    params: &[ShapeProto],
+    before: Option<CompId>,
+    metadata: Option<OpMetadata>,
+    f: impl FnOnce(&mut Builder<'_>, Vec<Value>) -> Value,
+) -> (CompId, Option<String>) {
+    let header = HloComputationProto {
+        name: name.to_string(),
+        program_shape: Some(ProgramShapeProto {
+            parameters: params.to_vec(),
+            result: None,
+            parameter_names: vec![],
+        }),
+        ..Default::default()
+    };
+    let comp = module.add_computation(header, false, before);
+    let mut inner = Builder::new(module, comp, metadata);
+    let args: Vec<Value> = params
+        .iter()
+        .enumerate()
+        .map(|(n, s)| inner.parameter(n as i64, s.clone()))
+        .collect();
+    let root = f(&mut inner, args);
+    // Parameters stay, read or not: they are the computation's signature.
+    let mut keep: Vec<InstrId> = vec![root.id];
+    keep.extend(
+        inner
+            .out
+            .iter()
+            .filter(|i| i.opcode == "parameter")
+            .map(|i| InstrId(i.id)),
+    );
+    match inner.finish_keeping(&keep) {
+        Ok(instrs) => {
+            module.append(comp, instrs, root.id, root.shape);
+            (comp, None)
+        }
+        Err(e) => (comp, Some(e)),
     }
 }
 

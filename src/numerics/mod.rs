@@ -16,20 +16,24 @@
 //!   `code·scale + partial` is one rounding whether or not a backend fuses
 //!   it into a multiply-add. Rounding down can make `|v/scale|` reach 127.5
 //!   before the clamp.
+//!   The scale is never below the smallest normal f32, `2⁻¹²⁶`: a block of
+//!   tiny values keeps its codes on backends that flush subnormals to zero
+//!   (XLA:CPU does), instead of coming out as zeros.
 //! - **Codes.** `q = clamp(round_nearest_even(v · r), -127, 127)` as s8,
 //!   with one reciprocal `r = fl(1/scale)` per block (XLA turns a division
 //!   by a broadcast scalar into exactly that, and only sometimes, so the
-//!   emitted HLO spells it out). An all-zero block has `scale = 0`, `r = 0`
-//!   and `q = 0`.
+//!   emitted HLO spells it out). An all-zero block has `scale = 2⁻¹²⁶` and
+//!   `q = 0`.
 //! - **Dequantize.** `q · scale` in f32. Sums are accumulated in f32, never in
 //!   the narrow type.
 //! - **Rotation.** With `--rotation hadamard` every block is multiplied by
 //!   the orthonormal Hadamard matrix `H_B/√B` once, before the first
 //!   quantization, and by it again (it is its own inverse) after the last
-//!   dequantization. Forward, each output is a sum over the block taken in
-//!   index order (XLA:CPU's dot order). Back, the integer codes are rotated
-//!   first and scaled after, `(H·q)·(scale/√B)`: the integer sums are
-//!   exact in f32 in any order, so every backend and the simulator agree.
+//!   dequantization. Forward, each output is a sum of ±inputs over the
+//!   block taken in index order (XLA:CPU's dot order), times `fl(1/√B)`.
+//!   Back, the integer codes are rotated first and scaled after,
+//!   `(H·q)·(scale·fl(1/√B))`: the integer sums are exact in f32 in any
+//!   order, so every backend and the simulator agree.
 //! - **Non-finite input.** A NaN or Inf counts as an infinite magnitude, so
 //!   its block's absmax and scale are Inf (backends' vectorized max
 //!   reductions may drop a NaN — XLA:CPU's do from 64 rows on — but never
@@ -84,13 +88,13 @@ pub fn block_scale(v: &[f32], scale_type: ScaleType) -> f32 {
             f32::INFINITY
         })
     });
-    reduce_precision(absmax * INV_QMAX, scale_mantissa_bits(scale_type))
+    reduce_precision(absmax * INV_QMAX, scale_mantissa_bits(scale_type)).max(f32::MIN_POSITIVE)
 }
 
 /// Quantizes one block: codes and the block's scale.
 pub fn quantize_block(v: &[f32], scale_type: ScaleType) -> (Vec<i8>, f32) {
     let scale = block_scale(v, scale_type);
-    let recip = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+    let recip = 1.0 / scale;
     let codes = v.iter().map(|&x| code(x, recip)).collect();
     (codes, scale)
 }
@@ -123,15 +127,18 @@ pub fn hadamard_sign(k: usize, j: usize) -> f32 {
     }
 }
 
-/// Rotates one block forward: `y_j = Σ_k x_k · (H_kj/√B)`, summed in index
-/// order (what XLA:CPU's dot does; the emitted HLO is that dot).
+/// Rotates one block forward: `y_j = (Σ_k x_k · H_kj) · fl(1/√B)`, the ±x
+/// terms summed in index order (what XLA:CPU's dot does; the emitted HLO is
+/// that dot, then one multiply).
 pub fn rotate_block(x: &[f32]) -> Vec<f32> {
     let n = hadamard_norm(x.len());
     (0..x.len())
         .map(|j| {
-            x.iter()
+            let sum = x
+                .iter()
                 .enumerate()
-                .fold(0.0f32, |acc, (k, &v)| acc + v * (hadamard_sign(k, j) * n))
+                .fold(0.0f32, |acc, (k, &v)| acc + v * hadamard_sign(k, j));
+            sum * n
         })
         .collect()
 }
@@ -167,10 +174,25 @@ mod tests {
     }
 
     #[test]
-    fn zero_block_has_zero_scale_and_codes() {
+    fn zero_block_has_the_floor_scale_and_zero_codes() {
         let (q, s) = quantize_block(&[0.0; 8], ScaleType::F32);
-        assert_eq!(s, 0.0);
+        assert_eq!(s, f32::MIN_POSITIVE);
         assert!(q.iter().all(|&c| c == 0));
+        assert!(dequantize(&q, s).all(|v| v == 0.0));
+    }
+
+    #[test]
+    fn tiny_blocks_keep_their_codes() {
+        // absmax 1e-37 would give a subnormal scale, flushed to zero by
+        // backends that flush subnormals.
+        let v = [1e-37f32, -5e-38, 0.0, 2e-38];
+        let (q, s) = quantize_block(&v, ScaleType::Bf16);
+        assert!(s.is_normal());
+        let back: Vec<f32> = dequantize(&q, s).collect();
+        for (a, b) in v.iter().zip(&back) {
+            assert!((a - b).abs() <= s, "{a} {b}");
+            assert!(*b == 0.0 || b.is_normal());
+        }
     }
 
     #[test]

@@ -32,7 +32,8 @@ pub struct EmitInputs<'a> {
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// Scalar f32 `maximum`, s32 `or` and f32 `add` computations.
+    /// The block-absmax reducer (non-finite counts as +Inf), and scalar s32
+    /// `or` and f32 `add` computations.
     pub max_f32: CompId,
     pub or_s32: CompId,
     pub add_f32: CompId,
@@ -260,28 +261,35 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         view
     }
 
-    /// f32[n] → each block of B multiplied by `H_B/√B`. Inputs that are
-    /// bf16 values multiply exactly at any dot precision; other f32 inputs
-    /// ask for the highest.
+    /// f32[n] → each block of B multiplied by `H_B`, then by `fl(1/√B)`.
+    /// Inputs that are bf16 values multiply exactly at any dot precision;
+    /// other f32 inputs ask for the highest.
     fn rotate(&mut self, x: &Value, bf16_valued: bool) -> Value {
         let bl = self.plan().block() as i64;
         let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
         let blocks = self.b.reshape(x, &[n / bl, bl]);
-        let h = self.hadamard(hadamard_norm(bl as usize));
+        let h = self.hadamard();
         let precision = if bf16_valued {
             Precision::Default
         } else {
             Precision::Highest
         };
-        let rotated = self.b.dot(&blocks, &h, 1, 0, precision);
+        // ±1 entries: every product is exact, so a backend's fused
+        // multiply-adds change nothing; the norm is one multiply after.
+        let summed = self.b.dot(&blocks, &h, 1, 0, precision);
+        let norm = self.splat(
+            Const::F32(hadamard_norm(bl as usize).to_bits()),
+            &[n / bl, bl],
+        );
+        let rotated = self.b.multiply(&summed, &norm);
         self.b.reshape(&rotated, &[n])
     }
 
-    /// The B×B Sylvester Hadamard matrix times `factor`.
-    fn hadamard(&mut self, factor: f32) -> Value {
+    /// The B×B Sylvester Hadamard matrix (±1).
+    fn hadamard(&mut self) -> Value {
         let bl = self.plan().block();
         let entries: Vec<f32> = (0..bl * bl)
-            .map(|i| hadamard_sign(i / bl, i % bl) * factor)
+            .map(|i| hadamard_sign(i / bl, i % bl))
             .collect();
         self.b.f32_array(&entries, &[bl as i64, bl as i64])
     }
@@ -366,30 +374,27 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     fn quantize(&mut self, blocks: &Value) -> Value {
         let nb = blocks.dims()[0];
         let bl = self.plan().block() as i64;
-        // A NaN or Inf counts as an infinite magnitude: backends' vectorized
-        // max reductions may drop a NaN (XLA:CPU's do, from 64 rows on),
-        // never an Inf.
-        let magnitude = self.b.unary("abs", blocks);
-        let finite = self.b.unary("is-finite", blocks);
-        let inf = self.splat(Const::F32(f32::INFINITY.to_bits()), &[nb, bl]);
-        let magnitude = self.b.select(&finite, &magnitude, &inf);
+        // The reducer counts a NaN or Inf as an infinite magnitude (see
+        // `magnitude_reducer`).
         let zero = self.f32c(0.0);
-        let absmax = self.b.reduce(&magnitude, &zero, &[1], self.inputs.max_f32);
+        let absmax = self.b.reduce(blocks, &zero, &[1], self.inputs.max_f32);
         let inv = self.splat(Const::F32(INV_QMAX.to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
         // The scale that travels, kept in f32: codes are computed against
         // it, so codes and scale agree (see crate::numerics).
         let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
         let scale = self.b.reduce_precision(&raw, mantissa);
+        // No scale below the smallest normal f32: a block of tiny values
+        // keeps codes instead of flushing to zero on backends that flush
+        // subnormals, and an all-zero block gets codes 0 from a finite
+        // reciprocal.
+        let floor = self.splat(Const::F32(f32::MIN_POSITIVE.to_bits()), &[nb]);
+        let scale = self.b.binary("maximum", &scale, &floor);
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
-        // every backend and block count on the same arithmetic. An all-zero
-        // block (scale 0) gets reciprocal 0, hence codes 0.
+        // every backend and block count on the same arithmetic.
         let ones = self.splat(Const::F32(1f32.to_bits()), &[nb]);
         let recip = self.b.divide(&ones, &scale);
-        let zeros = self.splat(Const::F32(0), &[nb]);
-        let is_zero = self.b.compare(&scale, &zeros, "EQ");
-        let recip = self.b.select(&is_zero, &zeros, &recip);
         let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
         let ratio = self.b.multiply(blocks, &recip);
         let rounded = self.b.unary("round-nearest-even", &ratio);
@@ -471,7 +476,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let (nb, bl) = (message.dims()[0], self.plan().block() as i64);
         let (codes, scale) = self.split(message);
         let codes = self.b.convert(&codes, PrimitiveType::F32);
-        let h = self.hadamard(1.0);
+        let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
         let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
         let scale = self.b.multiply(&scale, &norm);
@@ -584,19 +589,22 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 partials = out[..lanes].to_vec();
             }
         }
-        // The lanes' partials side by side again: [rows, c].
+        // The lanes' partials side by side again: [rows, c]. With one row
+        // the lanes' blocks simply follow each other.
         let rows: i64 = held.dims()[..held.dims().len() - 1].iter().product::<i64>() / q;
         let bl = plan.block() as i64;
-        let pieces: Vec<Value> = plan
-            .lanes
-            .iter()
-            .zip(&partials)
-            .map(|(lane, p)| self.b.reshape(p, &[rows, lane.len as i64 / bl, bl]))
-            .collect();
-        let joined = if pieces.len() == 1 {
-            pieces[0].clone()
+        let pieces: Vec<Value> = if rows == 1 {
+            partials.clone()
         } else {
-            self.b.concatenate(&pieces, 1)
+            plan.lanes
+                .iter()
+                .zip(&partials)
+                .map(|(lane, p)| self.b.reshape(p, &[rows, lane.len as i64 / bl, bl]))
+                .collect()
+        };
+        let joined = match pieces.len() {
+            1 => pieces[0].clone(),
+            _ => self.b.concatenate(&pieces, i64::from(rows != 1)),
         };
         let mut dims = held.dims().to_vec();
         dims.remove(at);
@@ -757,14 +765,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             // The received part goes into the state in place of the one
             // sent: a copy, so the collective never writes the buffer it
             // reads (no copy insertion follows the pre-scheduler hook).
-            // The received part goes into the state in place of the one
-            // sent: a copy, so the collective never writes the buffer it
-            // reads (no copy insertion follows the pre-scheduler hook).
             let travelling = self.permute(&state[2 * k], whole, dir);
-            let travelling = match s {
-                Step::Next(_) => self.b.unary("copy", &travelling),
-                Step::At(_) => travelling,
-            };
             let travelling = match s {
                 Step::Next(_) => self.b.unary("copy", &travelling),
                 Step::At(_) => travelling,
@@ -822,14 +823,19 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let body = self
             .b
             .computation("equarx_ring_body", &[tuple], |b, params| {
+                // The body reads the counter once, to step it; everything
+                // else reads the stepped value. The new state overwrites the
+                // old in place, and at the pre-scheduler hook no copy
+                // insertion follows to order a late read of the old counter.
                 let mut e = Emitter::new(b, inputs, &mut made);
                 let count = e.b.get_tuple_element(&params[0], 0);
+                let one = e.s32c(1);
+                let stepped = e.b.add_op(&count, &one);
                 let elements: Vec<Value> = (1..=state.len())
                     .map(|k| e.b.get_tuple_element(&params[0], k as i64))
                     .collect();
-                let next = body(&mut e, count.clone(), &elements);
-                let one = e.s32c(1);
-                let mut out = vec![e.b.add_op(&count, &one)];
+                let next = body(&mut e, stepped.clone(), &elements);
+                let mut out = vec![stepped];
                 out.extend(next);
                 e.b.tuple(&out)
             });
