@@ -128,3 +128,69 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
         "speedups reported: {eq}"
     );
 }
+
+/// `trace_summary.py` on a made-up trace of a loop: XLA:CPU's `while` event
+/// spans its body's instruction events, so it is neither compute nor an
+/// overlap of compute with the body's collectives; what it covers beyond
+/// them is the loop's own time. A long tuple shape (`/*index=5*/`) must
+/// not hide the loop from the opcode map.
+#[test]
+fn trace_summary_counts_a_loop_by_its_body() {
+    let script = r#"
+import json, sys
+sys.path.insert(0, "bench/cluster")
+import trace_summary as ts
+hlo = """
+%body (p: (s32[], f32[8], f32[8], s32[], f32[8], /*index=5*/f32[8])) -> (s32[], f32[8], f32[8], s32[], f32[8], /*index=5*/f32[8]) {
+  %q = f32[8]{0} fusion(%x), kind=kLoop, calls=%f
+  %cp = f32[8]{0} collective-permute(%q), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %d = f32[8]{0} fusion(%cp), kind=kLoop, calls=%g
+}
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %w = (s32[], f32[8], f32[8], s32[], f32[8], /*index=5*/f32[8]) while(%t), condition=%c, body=%body
+  %ag = f32[32]{0} all-gather(%y), channel_id=2, replica_groups={{0,1}}, dimensions={0}
+  ROOT %out = f32[8]{0} fusion(%ag), kind=kLoop, calls=%h
+}
+"""
+ops = ts.opcodes(hlo)
+ev = lambda n, t, d: {"ph": "X", "name": n, "ts": t, "dur": d}
+events = [ev("w", 0, 100), ev("q", 0, 10), ev("cp", 10, 50), ev("d", 60, 10),
+          ev("ag", 100, 50), ev("out", 170, 10), ev("ThunkExecutor::Execute", 0, 180)]
+print(json.dumps({"ops": ops, "summary": ts.summarize(events, ops)}))
+"#;
+    let out = Command::new(common::python())
+        .current_dir(common::repo())
+        .args(["-c", script])
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "trace_summary check failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON from the check");
+    assert_eq!(
+        v["ops"]["w"], "while",
+        "the loop is in the opcode map: {}",
+        v["ops"]
+    );
+    let s = &v["summary"];
+    let ms = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
+    let close = |k: &str, want: f64| {
+        assert!(
+            (ms(k) - want).abs() < 1e-9,
+            "{k}: {} ms, want {want} ms: {s}",
+            ms(k)
+        )
+    };
+    close("collective_ms", 0.100); // cp 50 µs + ag 50 µs
+    close("compute_ms", 0.030); // q, d, out: 10 µs each; not the while
+    close("overlap_ms", 0.0); // the while spans the permute; that is no overlap
+    close("control_ms", 0.030); // 70..100 µs: inside the while, no instruction
+    close("gap_ms", 0.050); // the 30 µs in the loop and 150..170 µs
+    assert_eq!(s["events"], 6, "{s}");
+    assert!(
+        s["by_opcode_ms"].get("while").is_none(),
+        "per-opcode sums are instruction time: {s}"
+    );
+}

@@ -440,8 +440,12 @@ def main(argv=None) -> int:
                    "it is the unquantized reference")
     r.add_argument("--configs", default="b64-d2,b64-d1,b64-d4,b64-d2-bidi,pre-b64-d1,pre-b64-d2,pre-b64-d1-exact",
                    help="equarx configurations for the all-reduce workload, '-' separated tokens: "
-                   "bN block, dN depth, bidi, f32s/bf16s scales, permute (gather); pre = rewrite "
-                   "before XLA's fusion instead of the JAX door; exact = no excess precision")
+                   "bN block, dN depth, bidi, f32s/bf16s scales, permute (gather), ring/twoshot/"
+                   "twolevel (algorithm), had/norot (rotation), unroll (instead of the loop); "
+                   "auto = depth, direction, algorithm and rotation from the pass's defaults; "
+                   "pre = rewrite before XLA's fusion instead of the JAX door; exact = no excess "
+                   "precision. Left out: b64, d2, one way, bf16 scales, all-gather, ring, no "
+                   "rotation, the loop")
     r.add_argument("--prefill-configs", default="b64-d2,b64-d1,pre-b64-d1,pre-b64-d1-exact",
                    help="equarx configurations for the prefill workload")
     r.add_argument("--prefill", default="layers=4,batch=16,seq=256,width=256,heads=8,mlp=1024",

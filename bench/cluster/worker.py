@@ -81,13 +81,13 @@ def config_options(name: str) -> dict:
     P-1 collective-permutes instead of all-gather, ``ring``/``twoshot``/
     ``twolevel`` the algorithm, ``had``/``norot`` Hadamard rotation or none,
     ``unroll`` the unrolled form instead of the loop. Without tokens for
-    them: the paper's ring, unrotated, one way round, two lanes. ``auto``
+    them: the paper's ring, unrotated, one way round, two lanes, the loop. ``auto``
     first drops those to the pass's own defaults (the time model chooses
     the algorithm and the rotation; one lane each way round)."""
     opts = {"platforms": ("cpu",), "types": ("bf16", "f32"), "min_payload": 0,
             "block_size": 64, "pipeline_depth": 2, "bidirectional": False,
             "scale_type": "bf16", "gather": "all-gather", "algorithm": "ring",
-            "rotation": "none"}
+            "rotation": "none", "unroll": False}
     for tok in name.split("-"):
         if not tok:
             continue
