@@ -537,7 +537,7 @@ fn a_rewrite_stays_under_200_instructions_for_any_group_size() {
                         .computations
                         .iter()
                         .filter(|c| {
-                            ["equarx_absmax_f32", "equarx_or_s32", "equarx_add_f32"]
+                            ["equarx_max_f32", "equarx_or_s32", "equarx_add_f32"]
                                 .iter()
                                 .any(|n| c.name.starts_with(n))
                         })

@@ -501,6 +501,16 @@ fn cases() -> Vec<Case> {
     let mut c = psum("defaults_h100", big(), defaults("h100"), &[P8]);
     c.goal = Some((Data::Gaussian, 0.009));
     v.push(c);
+    // A tensor-parallel attention+MLP block with the defaults, 100x
+    // outliers on 0.1 % of its inputs: at most 2 % off the unquantized run.
+    let mut c = program(
+        "tp_block_defaults",
+        "tp_block_shmap_spmd.pb",
+        defaults("v5e"),
+        tp_bound,
+    );
+    c.goal = Some((Data::Outliers, 0.02));
+    v.push(c);
     v
 }
 
@@ -801,7 +811,11 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
                 Data::Outliers,
                 Data::Poisoned,
             ],
-            Check::Program { .. } => &[Data::Gaussian],
+            // Programs run on Gaussian inputs, and on the data of their goal.
+            Check::Program { .. } => match case.goal {
+                Some((Data::Outliers, _)) => &[Data::Gaussian, Data::Outliers],
+                _ => &[Data::Gaussian],
+            },
         };
         for (di, &data) in datas.iter().enumerate() {
             let idir = cdir.join(format!("{data:?}"));
@@ -922,7 +936,17 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
                             23
                         };
                         let rounding = output_rounding_rel_rms(out_type);
-                        let b = 1.25 * (ring * ring + rounding * rounding).sqrt();
+                        let model = (ring * ring + rounding * rounding).sqrt();
+                        let b = 1.25 * model;
+                        // On Gaussian data the model is within 10 % of the
+                        // measured error, for every algorithm, rotation and
+                        // format (issue 13's goal).
+                        if *data == Data::Gaussian && !(0.9..=1.1).contains(&(measured / model)) {
+                            failures.push(format!(
+                                "{} Gaussian output {k}: error {measured:.5} is not within 10 % of the model's {model:.5}",
+                                case.name
+                            ));
+                        }
                         worst = worst.max(measured);
                         bound = bound.max(b);
                         if measured > b {

@@ -16,14 +16,16 @@
 //!   `code·scale + partial` is one rounding whether or not a backend fuses
 //!   it into a multiply-add. Rounding down can make `|v/scale|` reach 127.5
 //!   before the clamp.
-//!   The scale is never below the smallest normal f32, `2⁻¹²⁶`: a block of
-//!   tiny values keeps its codes on backends that flush subnormals to zero
-//!   (XLA:CPU does), instead of coming out as zeros.
+//!   The absmax is taken as at least [`absmax_floor`] (`2^⌈log2 qmax⌉ ·
+//!   2⁻¹²⁶`; the initial value of the max reduction), so the scale is never
+//!   below the smallest normal f32, `2⁻¹²⁶`: a block of tiny values keeps
+//!   its codes on backends that flush subnormals to zero (XLA:CPU does),
+//!   instead of coming out as zeros.
 //! - **Codes.** `q = clamp(round_nearest_even(v · r), -127, 127)` as s8,
 //!   with one reciprocal `r = fl(1/scale)` per block (XLA turns a division
 //!   by a broadcast scalar into exactly that, and only sometimes, so the
-//!   emitted HLO spells it out). An all-zero block has `scale = 2⁻¹²⁶` and
-//!   `q = 0`.
+//!   emitted HLO spells it out). An all-zero block has a scale just above
+//!   `2⁻¹²⁶` and `q = 0`.
 //! - **Dequantize.** `q · scale` in f32. Sums are accumulated in f32, never in
 //!   the narrow type.
 //! - **Rotation.** With `--rotation hadamard` every block is multiplied by
@@ -35,9 +37,10 @@
 //!   `(H·q)·(scale·fl(1/√B))`: the integer sums are exact in f32 in any
 //!   order, so every backend and the simulator agree.
 //! - **Non-finite input.** A NaN or Inf counts as an infinite magnitude, so
-//!   its block's absmax and scale are Inf (backends' vectorized max
-//!   reductions may drop a NaN — XLA:CPU's do from 64 rows on — but never
-//!   an Inf). The reciprocal is then 0, every code 0, and `0 · Inf` makes
+//!   its block's absmax and scale are Inf. Backends' vectorized max
+//!   reductions may drop a NaN (XLA:CPU's do from 64 rows on), so the HLO
+//!   finds non-finite values with a second, vectorized reduction, the sum
+//!   of `x − x` (0, or NaN), and selects Inf for such blocks. The reciprocal is then 0, every code 0, and `0 · Inf` makes
 //!   the whole block NaN, through every later hop. Never a finite wrong
 //!   value. Rotation spreads a NaN or Inf over its whole block first.
 //! - **Bit-identical participants.** The owner of a chunk does not keep its
@@ -81,10 +84,22 @@ pub fn reduce_precision(x: f32, mantissa_bits: u32) -> f32 {
     f32::from_bits(rounded)
 }
 
-/// The scale of a block: `absmax · fl(1/qmax)`, rounded to the scale type,
-/// at least 2⁻¹²⁶; infinite if the block holds a NaN or an Inf.
+/// The least absmax a scale is computed from: the power of two at or above
+/// `qmax`, times 2⁻¹²⁶. Its scale is at least 2⁻¹²⁶ (`2^⌈log2 qmax⌉/qmax`
+/// is at least 1.0079 for every format, more than `fl(1/qmax)`'s rounding
+/// takes away, and rounding to the scale type cannot pass below the normal
+/// 2⁻¹²⁶): a block of tiny values keeps its codes on backends that flush
+/// subnormals, and an all-zero block has a finite reciprocal. As the
+/// initial value of the absmax reduction the floor costs no instruction.
+pub fn absmax_floor(format: QuantFormat) -> f32 {
+    let up = format.qmax().log2().ceil() as i32;
+    2f32.powi(up - 126)
+}
+
+/// The scale of a block: `max(absmax, floor) · fl(1/qmax)`, rounded to the
+/// scale type; infinite if the block holds a NaN or an Inf.
 pub fn block_scale(v: &[f32], quant: Quant) -> f32 {
-    let absmax = v.iter().fold(0.0f32, |m, &x| {
+    let absmax = v.iter().fold(absmax_floor(quant.format), |m, &x| {
         m.max(if x.is_finite() {
             x.abs()
         } else {
@@ -92,7 +107,7 @@ pub fn block_scale(v: &[f32], quant: Quant) -> f32 {
         })
     });
     let raw = absmax * inv_qmax(quant.format);
-    reduce_precision(raw, scale_mantissa_bits(quant.scale)).max(f32::MIN_POSITIVE)
+    reduce_precision(raw, scale_mantissa_bits(quant.scale))
 }
 
 /// Quantizes one block: the codes' values (small integers, or the values
@@ -232,8 +247,22 @@ mod tests {
 
     #[test]
     fn zero_block_has_the_floor_scale_and_zero_codes() {
+        for format in [
+            QuantFormat::Int8,
+            QuantFormat::Fp8E4m3,
+            QuantFormat::Fp8E5m2,
+            QuantFormat::Int4,
+        ] {
+            for scale in [ScaleType::F32, ScaleType::Bf16] {
+                let (_, s) = quantize_block(&[0.0; 8], Quant { format, scale });
+                assert!(
+                    s.is_normal() && s < 1.2 * f32::MIN_POSITIVE,
+                    "{format:?} {scale:?}: {s:e}"
+                );
+            }
+        }
         let (q, s) = quantize_block(&[0.0; 8], INT8_F32);
-        assert_eq!(s, f32::MIN_POSITIVE);
+        assert!(s.is_normal());
         assert!(q.iter().all(|&c| c == 0.0));
         assert!(dequantize(&q, s).all(|v| v == 0.0));
     }

@@ -19,7 +19,7 @@ use super::groups::{IdSpace, Participants};
 use crate::ir::builder::{Builder, Value};
 use crate::ir::shape;
 use crate::ir::{CompId, InstrId};
-use crate::numerics::{hadamard_norm, hadamard_sign, inv_qmax, scale_mantissa_bits};
+use crate::numerics::{absmax_floor, hadamard_norm, hadamard_sign, inv_qmax, scale_mantissa_bits};
 use crate::plan::{
     Axis, Collective, Form, GatherForm, Lane, Phase, Plan, QuantFormat, Rotation, ScaleType,
 };
@@ -34,8 +34,7 @@ pub struct EmitInputs<'a> {
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// The block-absmax reducer (non-finite counts as +Inf), and scalar s32
-    /// `or` and f32 `add` computations.
+    /// Scalar f32 `maximum`, s32 `or` and f32 `add` computations.
     pub max_f32: CompId,
     pub or_s32: CompId,
     pub add_f32: CompId,
@@ -373,22 +372,29 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let nb = dim(blocks, 0);
         let bl = self.plan().block() as i64;
         let format = self.plan().config.format;
-        // The reducer counts a NaN or Inf as an infinite magnitude (see
-        // `magnitude_reducer`).
+        // The block absmax, +Inf for a block that holds a NaN or an Inf (the
+        // numerics contract). A plain max of |x| runs vectorized, and such
+        // forms may drop a NaN (XLA:CPU's do), so non-finite values are
+        // found by a sum instead: x − x is 0 for finite x and NaN otherwise,
+        // and a sum keeps every NaN. Both reductions vectorize; a reducer
+        // that maps non-finite values itself runs element by element, 11x
+        // slower on XLA:CPU.
+        // The reduction starts from the floor (see `absmax_floor`).
+        let floor = self.f32c(absmax_floor(format));
+        let magnitude = self.b.unary("abs", blocks);
+        let absmax = self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_f32);
         let zero = self.f32c(0.0);
-        let absmax = self.b.reduce(blocks, &zero, &[1], self.inputs.max_f32);
+        let nought = self.b.binary("subtract", blocks, blocks);
+        let finite = self.b.reduce(&nought, &zero, &[1], self.inputs.add_f32);
+        let finite = self.b.unary("is-finite", &finite);
+        let inf = self.splat(Const::F32(f32::INFINITY.to_bits()), &[nb]);
+        let absmax = self.b.select(&finite, &absmax, &inf);
         let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
         // The scale that travels, kept in f32: codes are computed against
         // it, so codes and scale agree (see crate::numerics).
         let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
         let scale = self.b.reduce_precision(&raw, mantissa);
-        // No scale below the smallest normal f32: a block of tiny values
-        // keeps codes instead of flushing to zero on backends that flush
-        // subnormals, and an all-zero block gets codes 0 from a finite
-        // reciprocal.
-        let floor = self.splat(Const::F32(f32::MIN_POSITIVE.to_bits()), &[nb]);
-        let scale = self.b.binary("maximum", &scale, &floor);
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
         // every backend and block count on the same arithmetic.
@@ -503,9 +509,9 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     /// The inverse of [`Self::pack_scales`]: s8 `[nb, width]` → f32 `[nb]`.
     fn unpack_scales(&mut self, scale_bytes: &Value) -> Value {
         let dims = scale_bytes.dims().to_vec();
-        let wide = self.b.convert(scale_bytes, PrimitiveType::S32);
-        let mask = self.splat(Const::S32(0xff), &dims);
-        let unsigned = self.b.binary("and", &wide, &mask);
+        // Bytes as u8, so that widening them fills with zeros.
+        let bytes = self.b.bitcast_convert(scale_bytes, PrimitiveType::U8);
+        let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
         let shifts = self.byte_shifts(dims[0]);
         let placed = self.b.binary("shift-left", &unsigned, &shifts);
         let zero = self.s32c(0);

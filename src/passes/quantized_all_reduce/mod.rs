@@ -472,7 +472,11 @@ impl Pass for QuantizedAllReduce {
                     }
                     Ok((candidate, Choice { plan, time })) => {
                         let reducers = *reducers.get_or_insert_with(|| Reducers {
-                            max_f32: magnitude_reducer(module),
+                            max_f32: module.add_scalar_reducer(
+                                "equarx_max_f32",
+                                "maximum",
+                                PrimitiveType::F32,
+                            ),
                             or_s32: module.add_scalar_reducer(
                                 "equarx_or_s32",
                                 "or",
@@ -859,35 +863,6 @@ fn describe(comp: &str, instr: &HloInstructionProto, c: &crate::ir::Computation)
         predicted_time: None,
         plan: None,
     }
-}
-
-/// `equarx_absmax_f32(a, b) = max(m(a), m(b))`, `m(x) = |x|` for finite x
-/// and +Inf otherwise: the block absmax of the numerics contract as a
-/// reducer. Symmetric and associative (m is idempotent on its results), so
-/// a backend may combine partial results in any order; no NaN ever reaches
-/// `maximum`, whose vectorized forms may drop one (XLA:CPU's do).
-fn magnitude_reducer(module: &mut Module) -> CompId {
-    let s = crate::ir::shape::scalar(PrimitiveType::F32);
-    let (comp, _) = crate::ir::builder::build_computation(
-        module,
-        "equarx_absmax_f32",
-        &[s.clone(), s],
-        None,
-        None,
-        |b, p| {
-            let inf = b.f32_scalar(f32::INFINITY);
-            let m: Vec<Value> = p
-                .iter()
-                .map(|x| {
-                    let finite = b.unary("is-finite", x);
-                    let magnitude = b.unary("abs", x);
-                    b.select(&finite, &magnitude, &inf)
-                })
-                .collect();
-            b.binary("maximum", &m[0], &m[1])
-        },
-    );
-    comp
 }
 
 /// The scalar computations the emitted reductions call.
