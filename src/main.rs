@@ -52,8 +52,10 @@ enum Command {
     Print(PrintArgs),
     /// List every collective: shape, type, group size, group mode, bytes.
     Analyze(AnalyzeArgs),
-    /// Measure the quantized ring's error against the exact sum on synthetic
-    /// data, next to a bf16 ring all-reduce and naive per-tensor int8.
+    /// Measure the quantized all-reduce's error against the exact sum on
+    /// synthetic data, for every algorithm, rotation, block size and format
+    /// asked for, bit-exact with the emitted HLO, next to the error model, a
+    /// bf16 ring all-reduce and naive per-tensor int8.
     Simulate(SimulateArgs),
     /// Predicted bf16 and equarx all-reduce times over message sizes on a
     /// named topology (a model from public figures, not a measurement).
@@ -183,7 +185,12 @@ struct SimulateArgs {
     )]
     distributions: Vec<Distribution>,
     /// Reduce algorithms (two-level: the most balanced grid of each P).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "ring")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ring,two-shot,two-level"
+    )]
     algorithms: Vec<simulate::AlgorithmChoice>,
     /// Rotations: none, hadamard (power-of-two block sizes only).
     #[arg(

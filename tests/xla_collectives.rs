@@ -15,7 +15,7 @@ mod common;
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
 use equarx::numerics::error::{format_rel_rms, output_rounding_rel_rms};
 use equarx::numerics::simulate;
-use equarx::plan::{Collective, Plan};
+use equarx::plan::{Collective, Plan, QuantFormat};
 use equarx::proto::HloModuleProto;
 use equarx::{AlgorithmOption, DeviceCounts, GatherForm, Options, RewriteOptions, RotationOption};
 use prost::Message;
@@ -345,6 +345,28 @@ fn cases() -> Vec<Case> {
     );
     c.options = opts(|o| o.gather = GatherForm::Permute);
     v.push(c);
+    // Every format on every op.
+    for (suffix, format) in [
+        ("fp8_e4m3", QuantFormat::Fp8E4m3),
+        ("fp8_e5m2", QuantFormat::Fp8E5m2),
+        ("int4", QuantFormat::Int4),
+    ] {
+        for (op, collective, dims) in [
+            ("rs", Collective::ReduceScatter, [64i64, 512]),
+            ("ag", Collective::AllGather, [16, 512]),
+            ("a2a", Collective::AllToAll, [64, 512]),
+        ] {
+            let mut c = case(
+                &format!("{op}_{suffix}"),
+                collective,
+                &dims,
+                Some(0),
+                Groups::All,
+            );
+            c.options = opts(|o| o.quant_format = format);
+            v.push(c);
+        }
+    }
     v
 }
 
