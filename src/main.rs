@@ -234,6 +234,24 @@ struct SimulateArgs {
     plot: Option<PathBuf>,
 }
 
+/// `println!` that hands a failed write back as an error (`?`) instead of
+/// panicking: `equarx analyze ... | head` closes the pipe early, and a
+/// closed pipe ends the command quietly (see `main`).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?;
+    }};
+}
+
+/// `print!` the same way.
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)?;
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -248,12 +266,22 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): nothing left to say to it.
+        Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
             eprintln!("equarx: error: {}", chain.join(": "));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` is a write to a pipe whose reader has gone.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Exits on a command line clap refuses. A flag that is no option of a
@@ -310,7 +338,7 @@ fn rewrite(a: RewriteArgs) -> Result<()> {
         if to_stdout {
             eprint!("{table}")
         } else {
-            print!("{table}")
+            say_raw!("{table}")
         }
     }
     if let Some(path) = &a.report_json {
@@ -407,10 +435,10 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
                 || name.ends_with(".pb.gz")
                 || bytes.starts_with(b"HloModule");
             if module_like {
-                println!("{name}: error: {e}");
+                say!("{name}: error: {e}");
                 failed.push(name);
             } else {
-                println!("{name}: skipped (not an HLO module)");
+                say!("{name}: skipped (not an HLO module)");
                 skipped += 1;
             }
             continue;
@@ -418,21 +446,21 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
         match rewrite_file(a, file, &output.join(&name), options, None) {
             Ok(r) => {
                 let done = r.report.iter().filter(|o| o.rewritten).count();
-                println!("{name}: {done} of {} collectives rewritten", r.report.len());
+                say!("{name}: {done} of {} collectives rewritten", r.report.len());
                 if a.report {
-                    print!("{}", report_table(&r.report));
+                    say_raw!("{}", report_table(&r.report));
                 }
                 reports.insert(name, serde_json::to_value(&r.report)?);
                 rewritten += 1;
             }
             Err(e) => {
                 let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
-                println!("{name}: error: {}", chain.join(": "));
+                say!("{name}: error: {}", chain.join(": "));
                 failed.push(name);
             }
         }
     }
-    println!(
+    say!(
         "{rewritten} modules written to {}, {skipped} files skipped, {} failed",
         output.display(),
         failed.len()
@@ -550,7 +578,7 @@ fn print(a: PrintArgs) -> Result<()> {
         Some(path) => io::write_atomic(path, text.as_bytes())
             .with_context(|| format!("cannot write {}", path.display())),
         None => {
-            print!("{text}");
+            say_raw!("{text}");
             Ok(())
         }
     }
@@ -565,15 +593,22 @@ fn analyze(a: AnalyzeArgs) -> Result<()> {
     equarx::verify::verify(&module).with_context(|| a.input.input.display().to_string())?;
     let list = equarx::analyze::collectives(&module);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        say!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
-    println!(
+    say!(
         "{:<28} {:<20} {:<26} {:>5} {:>6} {:<16} {:<10} {:>10}",
-        "name", "opcode", "shape", "group", "groups", "mode", "encoding", "bytes"
+        "name",
+        "opcode",
+        "shape",
+        "group",
+        "groups",
+        "mode",
+        "encoding",
+        "bytes"
     );
     for c in &list {
-        println!(
+        say!(
             "{:<28} {:<20} {:<26} {:>5} {:>6} {:<16} {:<10} {:>10}",
             c.name,
             c.opcode,
@@ -585,7 +620,7 @@ fn analyze(a: AnalyzeArgs) -> Result<()> {
             c.payload_bytes
         );
     }
-    println!("{} collectives", list.len());
+    say!("{} collectives", list.len());
     Ok(())
 }
 
@@ -612,14 +647,14 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         plot_errors(&rows, path)?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        say!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!(
+    say!(
         "relative RMS error (max error / RMS) against the exact sum, {} bf16 elements per device\n",
         a.elements
     );
-    println!(
+    say!(
         "{:<16} {:>3} {:>4} {:<16} {:<8} {:<8} {:>2} {:>5} {:>18} {:>9} {:>18} {:>18} {:>6}",
         "distribution",
         "P",
@@ -637,7 +672,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     );
     let cell = |e: simulate::ErrorStats| format!("{:.3}% ({:.3})", e.rel_rms * 100.0, e.max_rel);
     for r in &rows {
-        println!(
+        say!(
             "{:<16} {:>3} {:>4} {:<16} {:<8} {:<8} {:>2} {:>5} {:>18} {:>8.3}% {:>18} {:>18} {:>5.2}x",
             format!("{:?}", r.distribution),
             r.group_size,
@@ -666,14 +701,15 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
     let name = a.input.input.display().to_string();
     let r = equarx::rewrite(loaded.module, loaded.counts, &options).with_context(|| name)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r.report)?);
+        say!("{}", serde_json::to_string_pretty(&r.report)?);
         return Ok(());
     }
-    println!(
+    say!(
         "model (not a measurement): {} ({})",
-        options.pass.topology.name, options.pass.topology.source
+        options.pass.topology.name,
+        options.pass.topology.source
     );
-    println!(
+    say!(
         "{:<28} {:<15} {:<22} {:>3} {:>10} {:<22} {:>10} {:>10} {:>8} {:>8}  decision",
         "collective",
         "op",
@@ -689,7 +725,7 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
     for op in &r.report {
         let t = op.predicted_time.as_ref();
         let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-        println!(
+        say!(
             "{:<28} {:<15} {:<22} {:>3} {:>10} {:<22} {:>10} {:>10} {:>8} {:>8}  {}",
             op.name,
             op.opcode,
@@ -721,11 +757,13 @@ fn model(a: ModelArgs) -> Result<()> {
     if a.group_size < 2 {
         bail!("--group-size must be at least 2");
     }
-    println!(
+    say!(
         "model (not a measurement): {}, P = {}, {}",
-        t.name, a.group_size, t.source
+        t.name,
+        a.group_size,
+        t.source
     );
-    println!(
+    say!(
         "ring bandwidth per device: bf16 {:.0} GB/s, equarx {:.0} GB/s{}; step latency {} us",
         t.ring_gbps(true),
         t.ring_gbps(o.bidirectional),
@@ -736,15 +774,20 @@ fn model(a: ModelArgs) -> Result<()> {
         },
         t.step_latency_us
     );
-    println!(
+    say!(
         "{:>10} {:>12} {:>12} {:>12} {:>8} {:>8}  plan",
-        "bf16 size", "bf16 us", "equarx us", "compute us", "speedup", "rel.err"
+        "bf16 size",
+        "bf16 us",
+        "equarx us",
+        "compute us",
+        "speedup",
+        "rel.err"
     );
     for &bytes in &a.sizes {
         let (plan, p) =
             equarx::passes::quantized_all_reduce::model_bf16(a.group_size, bytes, &o, &t)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-        println!(
+        say!(
             "{:>10} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x {:>7.2}%  {}{}",
             human_bytes(bytes),
             p.bf16_us,

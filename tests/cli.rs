@@ -317,3 +317,21 @@ fn quantized(text: &str) -> bool {
                 .any(|op| l.contains(op))
     })
 }
+
+#[test]
+fn a_reader_that_has_gone_ends_the_command_quietly() {
+    use std::process::Stdio;
+    // `equarx analyze ... | head -0`: the pipe is closed before the first
+    // line, so every write fails with EPIPE.
+    let mut child = equarx()
+        .args(["analyze", &fixture("tp_block_spmd.pb")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.is_empty(), "{stderr}");
+}
