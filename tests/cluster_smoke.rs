@@ -2,7 +2,9 @@
 //! form — loopback instead of network namespaces (no root, no shaping), 2
 //! JAX processes joined by `jax.distributed` with gloo collectives, one
 //! 256 KiB bf16 all-reduce — run as psum, as the 2-byte ring baseline and
-//! with equarx enabled through the JAX door (this build's `libequarx.so`).
+//! with equarx enabled through the JAX door (this build's `libequarx.so`) —
+//! and a reduce-scatter and an all-gather of the same size, each as is and
+//! through the door.
 //! The measured table lives in BENCHMARKS.md ("4-host cluster over
 //! rate-limited links"); this only checks that the path works end to end.
 
@@ -28,15 +30,19 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
             "--procs",
             "2",
             "--workload",
-            "allreduce",
+            "allreduce,reducescatter,allgather",
         ])
         .args([
             "--sizes",
             "256k",
             "--baselines",
-            "psum,ring-u16",
+            "psum,ring-u16,psum-scatter,all-gather",
             "--configs",
             "b64-d2",
+            "--reducescatter-configs",
+            "auto",
+            "--allgather-configs",
+            "auto",
         ])
         .args(["--iters", "2", "--timeout", "120"])
         .arg("--workdir")
@@ -72,16 +78,21 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
     let results: Value =
         serde_json::from_slice(&std::fs::read(&json).expect("results JSON")).expect("JSON");
     let rows = results["rows"].as_array().expect("rows");
-    let row = |variant: &str| -> &Value {
+    let row_of = |workload: &str, variant: &str| -> &Value {
         rows.iter()
-            .find(|r| r["variant"] == variant)
-            .unwrap_or_else(|| panic!("no {variant} row in {rows:?}"))
+            .find(|r| r["workload"] == workload && r["variant"] == variant)
+            .unwrap_or_else(|| panic!("no {workload} {variant} row in {rows:?}"))
     };
+    let row = |variant: &str| row_of("allreduce", variant);
+    assert_eq!(rows.len(), 8, "one row per program: {rows:?}");
     for r in rows {
         let median = r["median_s"].as_f64().expect("median_s");
         assert!(median > 0.0 && median < 30.0, "median time {median} s: {r}");
+        // a reduce-scatter leaves each rank its own part: n/a (null)
+        let replicated = r["workload"] != "reducescatter";
         assert_eq!(
-            r["bit_identical"], true,
+            r["bit_identical"],
+            if replicated { Value::Bool(true) } else { Value::Null },
             "both ranks hold the same bits: {r}"
         );
         assert_eq!(r["finite"], true, "{r}");
@@ -126,6 +137,36 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
     assert!(
         eq["speedup_vs_psum"].as_f64().is_some() && eq["speedup_vs_2byte"].as_f64().is_some(),
         "speedups reported: {eq}"
+    );
+
+    // The reduce-scatter and the all-gather: XLA:CPU sends them as f32;
+    // through the door equarx sends s8 instead, within one quantization's
+    // error of the plain program's output (the ring of 2 quantizes once on
+    // the way, the gather once), against rank 0's part of the exact result.
+    for (workload, plain, op) in [
+        ("reducescatter", "psum-scatter", "reduce-scatter"),
+        ("allgather", "all-gather", "all-gather"),
+    ] {
+        let base = row_of(workload, plain);
+        assert_eq!(base["wire_types"][format!("{op} f32")], 1, "{base}");
+        let eq = row_of(workload, "equarx:auto");
+        assert_eq!(eq["rewritten"], 1, "equarx rewrote the {op}: {eq}");
+        assert!(
+            eq["wire_types"].get(format!("{op} f32")).is_none(),
+            "no f32 {op} left: {eq}"
+        );
+        let s8 = eq["wire_types"]["collective-permute s8"].as_u64().unwrap_or(0)
+            + eq["wire_types"]["all-gather s8"].as_u64().unwrap_or(0);
+        assert!(s8 >= 1, "s8 on the wire: {eq}");
+        let err = eq["err_vs_psum"].as_f64().expect("err_vs_psum");
+        let exact = eq["err_vs_exact"].as_f64().expect("err_vs_exact");
+        assert!(err > 0.0 && err < bound, "{workload}: error vs {plain} {err}");
+        assert!(exact < bound, "{workload}: error vs the exact result {exact}");
+    }
+    let rs_ring = row_of("reducescatter", "ring-u16");
+    assert!(
+        rs_ring["wire_types"]["collective-permute u16"].as_u64() >= Some(1),
+        "{rs_ring}"
     );
 }
 

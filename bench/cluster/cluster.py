@@ -185,6 +185,8 @@ def start_workers(args, net: dict | None, workdir: Path, rates: list[str]) -> li
                "--address", net["addrs"][i] if net else "127.0.0.1",
                "--out", str(out), "--workloads", args.workload, "--sizes", args.sizes,
                "--baselines", args.baselines, "--configs", args.configs,
+               "--reducescatter-configs", args.reducescatter_configs,
+               "--allgather-configs", args.allgather_configs,
                "--prefill-configs", args.prefill_configs,
                "--iters", str(args.iters), "--warmup", str(args.warmup),
                "--prefill", args.prefill, "--barrier-timeout", str(args.timeout)]
@@ -242,7 +244,15 @@ def tail(path: Path, n: int = 25) -> str:
 
 # ---------------------------------------------------------------- results
 
-TWO_BYTE = ("ring-u16", "psum-f16")
+TWO_BYTE_TYPES = {"bf16", "f16", "u16", "s16"}
+
+
+def is_two_byte_baseline(row: dict) -> bool:
+    """A baseline (not equarx) whose collectives all carry 2-byte elements:
+    ring-u16, psum-f16, all-gather(-u16); not XLA:CPU's f32 psum."""
+    types = [k.split()[1] for k in row["wire_types"]]
+    return (not row["variant"].startswith("equarx")) and bool(types) \
+        and all(t in TWO_BYTE_TYPES for t in types)
 
 
 def aggregate(ranks: list[dict]) -> list[dict]:
@@ -258,34 +268,39 @@ def aggregate(ranks: list[dict]) -> list[dict]:
             prog = programs[(r0["workload"], r0["size"], r0["variant"])]
             rows.append({
                 "rate": phase["rate"], "workload": r0["workload"], "size": r0["size"],
-                "bytes": r0["bytes"], "variant": r0["variant"],
+                "bytes": r0["bytes"], "variant": r0["variant"], "plain": r0.get("plain", "psum"),
                 "median_s": statistics.median(slowest), "min_s": min(slowest), "max_s": max(slowest),
                 "slowest_per_run_s": slowest,
                 "tc_bytes_per_rank": None if None in tc else sum(tc) / len(tc),
                 "err_vs_psum": r0.get("err_vs_psum"), "err_vs_exact": r0.get("err_vs_exact"),
-                "bit_identical": len({r["sha1"] for r in per_rank}) == 1,
+                # a reduce-scatter leaves each rank a different part: n/a
+                "bit_identical": (None if r0["workload"] == "reducescatter"
+                                  else len({r["sha1"] for r in per_rank}) == 1),
                 "finite": all(r["finite"] for r in per_rank),
                 "wire_types": prog["wire_types"], "rewritten": prog["rewritten"],
                 "all_reduces": prog["all_reduces"], "compile_s": prog["compile_s"],
-                "report_wire_bytes": prog.get("report_wire_bytes"),
+                "report_wire_bytes": prog.get("report_wire_bytes"), "report": prog.get("report"),
             })
             if any("profile" in r for r in per_rank):
                 rows[-1]["profile"] = [r.get("profile") for r in per_rank]
-    variant_order = {v: i for i, v in enumerate(dict.fromkeys(r["variant"] for r in rows))}
+    variant_order = {v: i for i, v in enumerate(dict.fromkeys((r["workload"], r["variant"]) for r in rows))}
     rate_order = {v: i for i, v in enumerate(dict.fromkeys(r["rate"] for r in rows))}
-    rows.sort(key=lambda r: (rate_order[r["rate"]], r["workload"] != "allreduce", r["bytes"],
-                             variant_order[r["variant"]]))
+    workload_order = {w: i for i, w in enumerate(("allreduce", "reducescatter", "allgather", "prefill"))}
+    rows.sort(key=lambda r: (rate_order[r["rate"]], workload_order.get(r["workload"], 9), r["bytes"],
+                             variant_order[(r["workload"], r["variant"])]))
     # speedups within each (rate, workload, size)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["rate"], r["workload"], r["size"]), []).append(r)
     for g in groups.values():
         by = {r["variant"]: r for r in g}
-        two = [by[v] for v in TWO_BYTE if v in by]
+        two = [r for r in g if is_two_byte_baseline(r)]
         best2 = min(two, key=lambda r: r["median_s"]) if two else None
         for r in g:
-            if "psum" in by:
-                r["speedup_vs_psum"] = by["psum"]["median_s"] / r["median_s"]
+            # speedup_vs_psum: against the workload's plain program (psum,
+            # psum-scatter, all-gather), whatever its name
+            if r["plain"] in by:
+                r["speedup_vs_psum"] = by[r["plain"]]["median_s"] / r["median_s"]
             if best2:
                 r["two_byte_baseline"] = best2["variant"]
                 r["speedup_vs_2byte"] = best2["median_s"] / r["median_s"]
@@ -304,11 +319,12 @@ def fmt_wire(types: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ["rate", "workload", "size", "variant", "on the wire (optimized HLO)", "median ms",
-            "min–max ms", "MiB/rank (tc)", "× psum", "× 2-byte", "err vs psum", "identical"]
+            "min–max ms", "MiB/rank (tc)", "× plain", "× 2-byte", "err vs plain", "err vs exact",
+            "identical"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         tcb = r["tc_bytes_per_rank"]
-        err = r.get("err_vs_psum")
+        err, exact = r.get("err_vs_psum"), r.get("err_vs_exact")
         cells = [r["rate"], r["workload"], r["size"], r["variant"],
                  fmt_wire(r["wire_types"]),
                  f"{r['median_s'] * 1e3:.1f}",
@@ -317,7 +333,8 @@ def table(rows: list[dict]) -> str:
                  f"{r['speedup_vs_psum']:.2f}" if "speedup_vs_psum" in r else "-",
                  f"{r['speedup_vs_2byte']:.2f}" if "speedup_vs_2byte" in r else "-",
                  "-" if err is None else ("0" if err == 0 else f"{err * 100:.2f}%"),
-                 "yes" if r["bit_identical"] else "NO"]
+                 "-" if exact is None else f"{exact * 100:.2f}%",
+                 {True: "yes", False: "NO", None: "n/a"}[r["bit_identical"]]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -433,19 +450,31 @@ def main(argv=None) -> int:
                    help="one namespace per process over shaped links (root), or loopback, unshaped")
     r.add_argument("--rate", default="400mbit", help="comma list of tc rates, one timing phase each")
     r.add_argument("--procs", type=int, default=4, help="JAX processes, one CPU device each")
-    r.add_argument("--workload", default="allreduce,prefill", help="allreduce and/or prefill")
-    r.add_argument("--sizes", default="1,4,16,64", help="all-reduce payloads, MiB of bf16 (4k = 4 KiB)")
-    r.add_argument("--baselines", default="psum,psum-f16,ring-u16",
-                   help="psum (f32 on the wire), psum-f16, ring-u16 (2-byte ring); psum first: "
-                   "it is the unquantized reference")
+    r.add_argument("--workload", default="allreduce,prefill",
+                   help="comma list of allreduce (lax.psum of S MiB of bf16 per rank), "
+                   "reducescatter (lax.psum_scatter, tiled, S MiB per rank in), allgather "
+                   "(lax.all_gather, tiled, S MiB in total out, S/P per rank in), prefill")
+    r.add_argument("--sizes", default="1,4,16,64", help="collective payloads, MiB of bf16 (4k = 4 KiB)")
+    r.add_argument("--baselines", default="psum,psum-f16,ring-u16,psum-scatter,all-gather,all-gather-u16",
+                   help="each workload runs those of its own: allreduce and prefill psum (f32 on "
+                   "the wire), psum-f16, ring-u16 (2-byte ring); reducescatter psum-scatter, "
+                   "ring-u16 (the ring's reduce-scatter half, u16); allgather all-gather, "
+                   "all-gather-u16 (of the bf16 bits as u16). The first of each (psum, "
+                   "psum-scatter, all-gather) is the program as written: what equarx compiles, "
+                   "and the unquantized reference")
     r.add_argument("--configs", default="b64-d2,b64-d1,b64-d4,b64-d2-bidi,pre-b64-d1,pre-b64-d2,pre-b64-d1-exact",
                    help="equarx configurations for the all-reduce workload, '-' separated tokens: "
                    "bN block, dN depth, bidi, f32s/bf16s scales, permute (gather), ring/twoshot/"
-                   "twolevel (algorithm), had/norot (rotation), unroll (instead of the loop); "
+                   "twolevel (algorithm), had/norot (rotation), unroll (instead of the loop), "
+                   "int8/int4/fp8e4m3/fp8e5m2 (quant_format; no max_error, so int4 always rewrites); "
                    "auto = depth, direction, algorithm and rotation from the pass's defaults; "
                    "pre = rewrite before XLA's fusion instead of the JAX door; exact = no excess "
                    "precision. Left out: b64, d2, one way, bf16 scales, all-gather, ring, no "
                    "rotation, the loop")
+    r.add_argument("--reducescatter-configs", default="auto,pre-auto",
+                   help="equarx configurations for the reduce-scatter workload (tokens as --configs)")
+    r.add_argument("--allgather-configs", default="auto,pre-auto",
+                   help="equarx configurations for the all-gather workload (tokens as --configs)")
     r.add_argument("--prefill-configs", default="b64-d2,b64-d1,pre-b64-d1,pre-b64-d1-exact",
                    help="equarx configurations for the prefill workload")
     r.add_argument("--prefill", default="layers=4,batch=16,seq=256,width=256,heads=8,mlp=1024",

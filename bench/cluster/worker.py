@@ -24,6 +24,16 @@ process):
 - ``equarx:CFG`` the ``psum`` program compiled with equarx enabled through
                  the JAX door (``equarx.jax.enable``).
 
+The other collectives have baselines of their own (``BASELINES``), and
+their equarx variants compile the workload's plain program (the first
+baseline, also the unquantized reference):
+
+- reducescatter: ``psum-scatter`` (``lax.psum_scatter``, tiled, as is) and
+  ``ring-u16`` (the reduce-scatter half of the ring above: P-1
+  collective-permutes of u16 bits, summed in f32, rounded to bf16 per hop).
+- allgather: ``all-gather`` (``lax.all_gather`` of bf16, tiled, as is) and
+  ``all-gather-u16`` (the same of the bf16 bit-cast to u16).
+
 The wire types of every compiled program are read from its optimized HLO.
 """
 
@@ -43,6 +53,15 @@ import trace_summary
 
 MIB = 1 << 20
 
+#: Each workload's baselines; the first is the program as written, which
+#: equarx variants compile and whose output is the unquantized reference.
+BASELINES = {
+    "allreduce": ("psum", "psum-f16", "ring-u16"),
+    "reducescatter": ("psum-scatter", "ring-u16"),
+    "allgather": ("all-gather", "all-gather-u16"),
+    "prefill": ("psum", "psum-f16", "ring-u16"),
+}
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,10 +71,13 @@ def parse_args(argv=None):
     p.add_argument("--address", required=True, help="this process's address (gloo binds to it)")
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--workloads", default="allreduce")
-    p.add_argument("--sizes", default="1,4,16,64", help="all-reduce payloads, MiB of bf16 (4k: KiB)")
-    p.add_argument("--baselines", default="psum,psum-f16,ring-u16")
+    p.add_argument("--sizes", default="1,4,16,64", help="collective payloads, MiB of bf16 (4k: KiB)")
+    p.add_argument("--baselines", default=",".join(dict.fromkeys(sum(BASELINES.values(), ()))),
+                   help="each workload runs those of its own (BASELINES)")
     p.add_argument("--configs", default="b64-d2", help="equarx configurations for the all-reduce "
                    "workload (see config_options)")
+    p.add_argument("--reducescatter-configs", default="auto", help="for the reduce-scatter workload")
+    p.add_argument("--allgather-configs", default="auto", help="for the all-gather workload")
     p.add_argument("--prefill-configs", default="b64-d2", help="equarx configurations for prefill")
     p.add_argument("--rates", default="", help="link rates, one phase each ('' = leave the link as is)")
     p.add_argument("--iface", default="", help="this process's link, for tc counters ('' = none)")
@@ -80,14 +102,18 @@ def config_options(name: str) -> dict:
     bidirectional ring, ``f32s``/``bf16s`` scale type, ``permute`` gather by
     P-1 collective-permutes instead of all-gather, ``ring``/``twoshot``/
     ``twolevel`` the algorithm, ``had``/``norot`` Hadamard rotation or none,
-    ``unroll`` the unrolled form instead of the loop. Without tokens for
-    them: the paper's ring, unrotated, one way round, two lanes, the loop. ``auto``
+    ``unroll`` the unrolled form instead of the loop, ``int8``/``int4``/
+    ``fp8e4m3``/``fp8e5m2`` the code format (``quant_format``). Without
+    tokens for them: the paper's ring, unrotated, one way round, two lanes,
+    the loop, int8 codes. ``auto``
     first drops those to the pass's own defaults (the time model chooses
-    the algorithm and the rotation; one lane each way round)."""
+    the algorithm and the rotation; one lane each way round). No error
+    budget (``max_error``) is set, so the pass never skips an op for its
+    predicted error: int4 rewrites whatever its error."""
     opts = {"platforms": ("cpu",), "types": ("bf16", "f32"), "min_payload": 0,
             "block_size": 64, "pipeline_depth": 2, "bidirectional": False,
             "scale_type": "bf16", "gather": "all-gather", "algorithm": "ring",
-            "rotation": "none", "unroll": False}
+            "rotation": "none", "unroll": False, "quant_format": "int8"}
     for tok in name.split("-"):
         if not tok:
             continue
@@ -114,6 +140,8 @@ def config_options(name: str) -> dict:
             opts["rotation"] = "hadamard" if tok == "had" else "none"
         elif tok == "unroll":
             opts["unroll"] = True
+        elif tok in ("int8", "int4", "fp8e4m3", "fp8e5m2"):
+            opts["quant_format"] = {"fp8e4m3": "fp8-e4m3", "fp8e5m2": "fp8-e5m2"}.get(tok, tok)
         else:
             raise SystemExit(f"unknown equarx config token {tok!r} in {name!r}")
     return opts
@@ -144,7 +172,7 @@ def shape_cmds(rate: str, iface: str, switch_netns: str, switch_port: str) -> li
 # ---------------------------------------------------------------- HLO inspection
 
 COLLECTIVE = re.compile(
-    r"=\s*\(?\s*([a-z]+[0-9]*)\[[^\]]*\][^=]*?\b(all-reduce|all-reduce-start|collective-permute|"
+    r"=\s*\(?\s*([a-z][a-z0-9]*)\[[^\]]*\][^=]*?\b(all-reduce|all-reduce-start|collective-permute|"
     r"collective-permute-start|all-gather|all-gather-start|reduce-scatter|all-to-all)\(")
 
 
@@ -191,9 +219,11 @@ def build(args):
     def ar_psum_f16(v):
         return lax.psum(v.astype(jnp.float16), "x").astype(v.dtype)
 
-    def ar_ring_u16(v):
-        """bf16 ring all-reduce with 2 bytes per element on the wire."""
-        shape, dtype = v.shape, v.dtype
+    def ring_reduce_scatter_u16(v):
+        """bf16 ring reduce-scatter with 2 bytes per element on the wire:
+        P-1 collective-permutes of u16 bits, each hop summed in f32 and
+        rounded to bf16. Rank r ends with the sum of chunk r (padded to
+        P equal chunks), as a tiled ``psum_scatter`` does."""
         flat = v.reshape(-1)
         n = flat.shape[0]
         c = -(-n // nproc)
@@ -209,38 +239,70 @@ def build(args):
             wire = lax.bitcast_convert_type(part, jnp.uint16)
             got = lax.bitcast_convert_type(lax.ppermute(wire, "x", succ), jnp.bfloat16)
             part = (got.astype(jnp.float32) + chunk(r - 2 - s).astype(jnp.float32)).astype(jnp.bfloat16)
-        owned = lax.bitcast_convert_type(part, jnp.uint16)
+        return part
+
+    def ar_ring_u16(v):
+        """bf16 ring all-reduce with 2 bytes per element on the wire."""
+        shape, dtype = v.shape, v.dtype
+        n = v.size
+        owned = lax.bitcast_convert_type(ring_reduce_scatter_u16(v), jnp.uint16)
         full = lax.bitcast_convert_type(lax.all_gather(owned, "x", tiled=True), jnp.bfloat16)
         return full[:n].reshape(shape).astype(dtype)
 
-    impls = {"psum": ar_psum, "psum-f16": ar_psum_f16, "ring-u16": ar_ring_u16}
+    def rs_psum_scatter(v):
+        return lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True)
+
+    def rs_ring_u16(v):
+        assert v.shape[0] % nproc == 0, "the payload must divide into P chunks"
+        return ring_reduce_scatter_u16(v).astype(v.dtype)
+
+    def ag_all_gather(v):
+        return lax.all_gather(v, "x", tiled=True)
+
+    def ag_all_gather_u16(v):
+        wire = lax.bitcast_convert_type(v, jnp.uint16)
+        return lax.bitcast_convert_type(lax.all_gather(wire, "x", tiled=True), v.dtype)
+
+    allreduce_impls = {"psum": ar_psum, "psum-f16": ar_psum_f16, "ring-u16": ar_ring_u16}
+    impls = {"allreduce": allreduce_impls, "prefill": allreduce_impls,
+             "reducescatter": {"psum-scatter": rs_psum_scatter, "ring-u16": rs_ring_u16},
+             "allgather": {"all-gather": ag_all_gather, "all-gather-u16": ag_all_gather_u16}}
+    assert all(tuple(impls[w]) == BASELINES[w] for w in BASELINES)
+
+    def make_sharded(impl):
+        return jax.jit(jax.shard_map(impl, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+    def bf16_inputs(r, n):
+        """Rank r's Gaussian bf16 payload (every rank can make any rank's)."""
+        g = np.random.default_rng(args.seed * 1000 + r)
+        return g.standard_normal(n, dtype=np.float32).astype(jnp.bfloat16)
 
     workloads = []
 
-    # ---- (a) one all-reduce of S MiB of bf16
-    if "allreduce" in args.workloads.split(","):
+    # ---- (a) one collective of S MiB of bf16: an all-reduce and a
+    # reduce-scatter of S MiB per rank; an all-gather of S MiB in total
+    # (S/P per rank). ``exact`` is what rank 0 should hold, in f64.
+    for wname in ("allreduce", "reducescatter", "allgather"):
+        if wname not in args.workloads.split(","):
+            continue
         for size in [s for s in args.sizes.split(",") if s]:
             kib = size.lower().endswith("k")
             mib = float(size[:-1]) / 1024 if kib else float(size)
             n = int(mib * MIB) // 2
-            n -= n % nproc
-            rng = np.random.default_rng(args.seed * 1000 + rank)
-            x_local = rng.standard_normal(n, dtype=np.float32).astype(jnp.bfloat16)
-            x = global_array(x_local, P("x"))
+            n -= n % (nproc * nproc)  # P chunks, each of P rows, for the gather too
+            n_local = n // nproc if wname == "allgather" else n
+            x = global_array(bf16_inputs(rank, n_local), P("x"))
             label = f"{size[:-1]} KiB" if kib else f"{mib:g} MiB"
 
-            def make(impl):
-                return jax.jit(jax.shard_map(impl, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+            def exact(wname=wname, n_local=n_local):
+                parts = [bf16_inputs(rr, n_local).astype(np.float64) for rr in range(nproc)]
+                if wname == "allgather":
+                    return np.concatenate(parts)
+                tot = np.sum(parts, axis=0)
+                return tot[: n_local // nproc] if wname == "reducescatter" else tot
 
-            def exact(n=n):
-                tot = np.zeros(n, np.float64)
-                for rr in range(nproc):
-                    g = np.random.default_rng(args.seed * 1000 + rr)
-                    tot += g.standard_normal(n, dtype=np.float32).astype(jnp.bfloat16).astype(np.float64)
-                return tot
-
-            workloads.append({"workload": "allreduce", "size": label, "bytes": n * 2,
-                              "make": make, "args": (x,), "exact": exact})
+            workloads.append({"workload": wname, "size": label, "bytes": n * 2,
+                              "make": make_sharded, "args": (x,), "exact": exact})
 
     # ---- (b) Megatron-style tensor-parallel prefill
     if "prefill" in args.workloads.split(","):
@@ -295,7 +357,22 @@ def build(args):
                           "bytes": 2 * L * B * S * D * 2, "make": make,
                           "args": (params, x_in), "exact": None})
 
-    return np, impls, workloads
+    for wl in workloads:
+        wl["impls"] = impls[wl["workload"]]
+        wl["plain"] = BASELINES[wl["workload"]][0]
+    return np, workloads
+
+
+def report_summary(op: dict) -> dict:
+    """What equarx's report says of one collective, without the bulk."""
+    plan = op.get("plan") or {}
+    cfg = plan.get("config") or {}
+    return {"opcode": op.get("opcode"), "shape": op.get("shape"), "rewritten": op.get("rewritten"),
+            "reason": op.get("reason"), "algorithm": plan.get("algorithm"),
+            "rotation": plan.get("rotation"), "form": plan.get("form"),
+            "format": cfg.get("format"), "lanes": plan.get("lanes"),
+            "predicted_rel_rms": op.get("predicted_rel_rms"),
+            "wire_bytes": [op.get("wire_bytes_before"), op.get("wire_bytes_after")]}
 
 
 def variant_name(cfg: str) -> str:
@@ -335,13 +412,14 @@ def compile_before_fusion(jitted, args, cfg: str, nproc: int):
 
 def check_output(row: dict, out, reference, wl: dict, with_exact: bool):
     """Hash and errors of one program's (local) output into ``row``; returns
-    the reference for the next programs (the psum output, which runs first)."""
+    the reference for the next programs (the output of the workload's plain
+    program, e.g. psum, which runs first; ``err_vs_psum`` is against it)."""
     import numpy as np
 
     got = np.asarray(out.addressable_shards[0].data).astype(np.float32)
     row["sha1"] = hashlib.sha1(got.tobytes()).hexdigest()
     row["finite"] = bool(np.isfinite(got).all())
-    if row["variant"] == "psum":
+    if row["variant"] == wl["plain"]:
         reference = got
     if reference is not None:
         row["err_vs_psum"] = rel_rms(got, reference)
@@ -401,7 +479,7 @@ def main(argv=None):
         os.replace(tmp, args.out)
 
     try:
-        np, impls, workloads = build(args)
+        np, workloads = build(args)
         import equarx
         import equarx.jax as ej
         result["equarx_library"] = str(equarx.library_path())
@@ -409,12 +487,17 @@ def main(argv=None):
 
         # ---- compile everything once (baselines first, then each equarx configuration)
         baselines = [b for b in args.baselines.split(",") if b]
+        unknown = [b for b in baselines if not any(b in v for v in BASELINES.values())]
+        if unknown:
+            raise SystemExit(f"unknown baselines {unknown}: each workload has its own {BASELINES}")
         variants = [(b, None) for b in baselines]
-        configs = {"allreduce": [c for c in args.configs.split(",") if c],
-                   "prefill": [c for c in args.prefill_configs.split(",") if c]}
+        configs = {"allreduce": args.configs, "reducescatter": args.reducescatter_configs,
+                   "allgather": args.allgather_configs, "prefill": args.prefill_configs}
+        configs = {k: [c for c in v.split(",") if c] for k, v in configs.items()}
         for wl in workloads:
-            wl["variants"] = baselines + [variant_name(c) for c in configs[wl["workload"]]]
-        for c in configs["allreduce"] + configs["prefill"]:
+            wl["variants"] = ([b for b in baselines if b in wl["impls"]]
+                              + [variant_name(c) for c in configs[wl["workload"]]])
+        for c in sum((configs[w] for w in dict.fromkeys(wl["workload"] for wl in workloads)), []):
             if (variant_name(c), c) not in variants:
                 variants.append((variant_name(c), c))
         programs = []
@@ -430,13 +513,18 @@ def main(argv=None):
                     continue
                 barrier(f"compile {vname} {wl['size']}")
                 t = time.time()
+                plain = wl["impls"][wl["plain"]]
                 if cfg is None:
-                    exe, rep = wl["make"](impls[vname]).lower(*wl["args"]).compile(), []
+                    exe, rep = wl["make"](wl["impls"][vname]).lower(*wl["args"]).compile(), []
                 elif pre:
-                    exe, rep = compile_before_fusion(wl["make"](impls["psum"]), wl["args"],
+                    exe, rep = compile_before_fusion(wl["make"](plain), wl["args"],
                                                      cfg, jax.process_count())
                 else:
-                    exe = wl["make"](impls["psum"]).lower(*wl["args"]).compile()
+                    # last_report() keeps the last non-empty report: clear
+                    # it so that a module equarx saw nothing in reports none.
+                    with ej._lock:
+                        ej._last_report = None
+                    exe = wl["make"](plain).lower(*wl["args"]).compile()
                     rep = ej.last_report() or []
                 secs = time.time() - t
                 text = exe.as_text()
@@ -448,7 +536,8 @@ def main(argv=None):
                 info = {"workload": wl["workload"], "size": wl["size"], "bytes": wl["bytes"],
                         "variant": vname, "compile_s": secs, "wire_types": wire_types(text),
                         "rewritten": sum(1 for r in rep if r.get("rewritten")),
-                        "all_reduces": len(rep),
+                        "all_reduces": len(rep),  # the collectives equarx looked at
+                        "report": [report_summary(r) for r in rep],
                         # what equarx's report says one rank sends, before and after
                         "report_wire_bytes": [sum(r.get("wire_bytes_before") or 0 for r in rep),
                                               sum(r.get("wire_bytes_after") or 0 for r in rep)]}
@@ -473,15 +562,17 @@ def main(argv=None):
             groups: dict[tuple, list] = {}
             for prog in programs:
                 groups.setdefault((prog[0]["workload"], prog[0]["size"]), []).append(prog)
+            for group in groups.values():  # the plain program first: the reference
+                group.sort(key=lambda prog: prog[1] != prog[0]["plain"])
             for (workload, size), group in groups.items():
                 for wl, vname, exe, info in group:
                     for i in range(args.warmup):
                         barrier(f"warm {rate} {vname} {size} {i}")
                         exe(*wl["args"]).block_until_ready()
                 rows = {vname: {"workload": workload, "size": size, "bytes": wl["bytes"],
-                                "variant": vname, "times": [], "tc_bytes": 0}
+                                "variant": vname, "plain": wl["plain"], "times": [], "tc_bytes": 0}
                         for wl, vname, exe, info in group}
-                reference = None  # the psum output: the unquantized run
+                reference = None  # the plain program's output (psum): the unquantized run
                 for i in range(args.iters):
                     last = i == args.iters - 1
                     for wl, vname, exe, info in group:
