@@ -92,7 +92,11 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
         let replicated = r["workload"] != "reducescatter";
         assert_eq!(
             r["bit_identical"],
-            if replicated { Value::Bool(true) } else { Value::Null },
+            if replicated {
+                Value::Bool(true)
+            } else {
+                Value::Null
+            },
             "both ranks hold the same bits: {r}"
         );
         assert_eq!(r["finite"], true, "{r}");
@@ -155,13 +159,21 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
             eq["wire_types"].get(format!("{op} f32")).is_none(),
             "no f32 {op} left: {eq}"
         );
-        let s8 = eq["wire_types"]["collective-permute s8"].as_u64().unwrap_or(0)
+        let s8 = eq["wire_types"]["collective-permute s8"]
+            .as_u64()
+            .unwrap_or(0)
             + eq["wire_types"]["all-gather s8"].as_u64().unwrap_or(0);
         assert!(s8 >= 1, "s8 on the wire: {eq}");
         let err = eq["err_vs_psum"].as_f64().expect("err_vs_psum");
         let exact = eq["err_vs_exact"].as_f64().expect("err_vs_exact");
-        assert!(err > 0.0 && err < bound, "{workload}: error vs {plain} {err}");
-        assert!(exact < bound, "{workload}: error vs the exact result {exact}");
+        assert!(
+            err > 0.0 && err < bound,
+            "{workload}: error vs {plain} {err}"
+        );
+        assert!(
+            exact < bound,
+            "{workload}: error vs the exact result {exact}"
+        );
     }
     let rs_ring = row_of("reducescatter", "ring-u16");
     assert!(

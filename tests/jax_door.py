@@ -173,6 +173,28 @@ def main():
         "report": report,
     }
 
+    # 2b. Every code format through the door, on the same block.
+    result["formats"] = {}
+    for fmt in ("int8", "fp8-e4m3", "fp8-e5m2", "int4"):
+        ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0,
+                  quant_format=fmt)
+        compiled, _ = compile_block()
+        text = compiled.as_text()
+        out = compiled(params, x)
+        got = np.asarray(out, np.float32)
+        shards = [np.asarray(s.data) for s in out.addressable_shards]
+        result["formats"][fmt] = {
+            "s8_collectives": count_s8_collectives(text),
+            "rewritten": sum(1 for r in ej.last_report() or [] if r["rewritten"]),
+            "finite": bool(np.isfinite(got).all()),
+            "rel_rms": float(np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref**2))),
+            "devices_bit_identical": all(
+                s.tobytes() == shards[0].tobytes() for s in shards[1:]
+            ),
+        }
+    # Back to section 2's options, which section 3 expects enabled.
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0, pipeline_depth=1)
+
     # 3. Invalid options are refused by enable(), with equarx's message.
     try:
         ej.enable(platforms=("cpu",), block_size=0)

@@ -118,6 +118,21 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
 
     // Huge finite activations (past 1e19) keep every device's bits equal,
     // with the pass's default options.
+    // Every code format through the door: rewritten, bit-identical, and
+    // erring in the order of their precision.
+    let formats = &r["formats"];
+    let mut last = 0.0;
+    for fmt in ["int8", "fp8-e4m3", "fp8-e5m2", "int4"] {
+        let f = &formats[fmt];
+        assert_eq!(f["rewritten"], 2, "{fmt}: {f}");
+        assert!(f["s8_collectives"].as_u64() >= Some(2), "{fmt}: {f}");
+        assert_eq!(f["finite"], true, "{fmt}: {f}");
+        assert_eq!(f["devices_bit_identical"], true, "{fmt}: {f}");
+        let err = f["rel_rms"].as_f64().expect("rel_rms");
+        assert!(err > last && err < 0.5, "{fmt}: error {err} after {last}");
+        last = err;
+    }
+
     let huge = &r["huge_activations"];
     for run in ["plain", "equarx"] {
         let h = &huge[run];

@@ -54,6 +54,7 @@ fn fusible(i: &HloInstructionProto) -> bool {
             | "round-nearest-even"
             | "select"
             | "shift-left"
+            | "shift-right-arithmetic"
             | "shift-right-logical"
             | "slice"
             | "subtract"
@@ -62,9 +63,10 @@ fn fusible(i: &HloInstructionProto) -> bool {
 
 /// The emitted ops that are cheap to recompute wherever they are read, and
 /// so are copied into each fusion that reads them instead of being made
-/// once into a buffer: constants, iotas, broadcasts of constants, and the
+/// once into a buffer: constants, iotas, broadcasts of constants, the
 /// reshaping (convert, reshape, pad, concatenate) of the ring's inputs,
-/// which every hop reads a different slice of.
+/// which every hop reads a different slice of, and the concatenation of the
+/// lanes' results.
 fn copied_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
@@ -83,10 +85,20 @@ fn copied_ops(
                 .and_then(|o| by_id.get(o))
                 .is_some_and(|o| o.opcode == "constant"),
             // Reads only the inputs (from outside the ring) and constants.
-            "convert" | "reshape" | "pad" | "concatenate" => i
+            "convert" | "reshape" | "pad" => i
                 .operand_ids
                 .iter()
                 .all(|o| !emitted.contains(o) || copied.contains(o)),
+            // The same, or the lanes' sums out of the ring's loop: the
+            // gather's quantize reads them in place instead of from a
+            // concatenated f32 copy.
+            "concatenate" => i.operand_ids.iter().all(|o| {
+                !emitted.contains(o)
+                    || copied.contains(o)
+                    || by_id
+                        .get(o)
+                        .is_some_and(|o| o.opcode == "get-tuple-element")
+            }),
             _ => false,
         };
         if yes {
