@@ -18,6 +18,14 @@ Examples:
   # Rewrite the all-reduces of a JAX module and show what happened:
   equarx rewrite tests/fixtures/tp_block_spmd.pb -o /tmp/tp.eqx.pb --min-payload 0 --report
 
+  # A sequence-parallel MLP (all-gather, reduce-scatter), the ring only,
+  # within an error budget of 1 %:
+  equarx rewrite tests/fixtures/sp_mlp/sp_mlp.pb -o /tmp/sp.eqx.pb --min-payload 0 \
+      --algorithm ring --max-error 1 --report
+
+  # Which plan would each op get on an H100 node, and how fast (a model)?
+  equarx analyze --topology h100 tests/fixtures/tp_block_spmd.pb
+
   # The same, straight to readable HLO text on stdout:
   equarx rewrite tests/fixtures/psum_bf16_p8.pb -o - --format text --min-payload 0
 
@@ -30,8 +38,10 @@ Examples:
   # Print a module as HLO text that XLA's parser reads back:
   equarx print tests/fixtures/psum_bf16_p8.pb";
 
-/// EQuARX for XLA: rewrite bf16 sum all-reduces into a block-quantized int8
-/// collective-permute ring that sends about half the bytes.
+/// EQuARX for XLA: rewrite bf16 all-reduces, reduce-scatters, all-gathers
+/// and all-to-alls into block-quantized collectives of int8, fp8 or int4
+/// codes that send half the bytes or fewer, choosing the algorithm (ring,
+/// two-shot, two-level) and the rotation per op.
 ///
 /// Inputs may be a bare HloModuleProto (JAX, the PJRT transform hook), an
 /// HloProto (`--xla_dump_hlo_as_proto`) or an HloModuleProtoWithConfig,
@@ -45,7 +55,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Rewrite eligible all-reduces into the quantized ring.
+    /// Rewrite eligible collectives into their quantized form (the plan each
+    /// op gets: `--report`).
     #[command(after_help = EXAMPLES)]
     Rewrite(RewriteArgs),
     /// Print a module as HLO text (constants in full, so XLA parses it back).

@@ -583,3 +583,59 @@ fn a_rewrite_stays_under_200_instructions_for_any_group_size() {
     );
     assert!(worst.0 <= 200, "{} instructions: {}", worst.0, worst.1);
 }
+
+#[test]
+fn the_force_attribute_works_on_every_collective() {
+    use common::modules::{CollectiveSpec, collective_module};
+    use equarx::plan::Collective;
+    let group = vec![(0..8).collect::<Vec<usize>>()];
+    for (collective, opcode) in [
+        (Collective::ReduceScatter, "reduce-scatter"),
+        (Collective::AllGather, "all-gather"),
+        (Collective::AllToAll, "all-to-all"),
+    ] {
+        // Small enough that the cost model (the default) leaves it alone.
+        let m = collective_module(&CollectiveSpec {
+            name: opcode,
+            collective,
+            dims: &[8, 64],
+            dim: Some(0),
+            groups: &group,
+            replicas: false,
+            async_pair: false,
+        });
+        let counts = DeviceCounts {
+            replica_count: Some(1),
+            num_partitions: Some(8),
+        };
+        let with = |value: &str| {
+            let mut m = m.clone();
+            for i in m
+                .computations
+                .iter_mut()
+                .flat_map(|c| c.instructions.iter_mut())
+                .filter(|i| i.opcode == opcode)
+            {
+                i.frontend_attributes
+                    .get_or_insert_with(Box::default)
+                    .map
+                    .insert("equarx.quantize".into(), value.into());
+            }
+            m
+        };
+        let plain = equarx::rewrite(m.clone(), counts, &RewriteOptions::default()).unwrap();
+        assert!(!plain.changed, "{opcode}: {:?}", plain.report);
+        let forced = equarx::rewrite(with("true"), counts, &RewriteOptions::default()).unwrap();
+        assert!(forced.changed, "{opcode}: {:?}", forced.report);
+        let note = forced.report[0].reason.as_deref().unwrap_or("");
+        assert!(note.contains("forced"), "{opcode}: {note}");
+        // Out, even where every op of any size would be rewritten.
+        let mut all = RewriteOptions::default();
+        all.pass.min_payload_bytes = Some(0);
+        assert!(equarx::rewrite(m.clone(), counts, &all).unwrap().changed);
+        let out = equarx::rewrite(with("false"), counts, &all).unwrap();
+        assert!(!out.changed, "{opcode}: {:?}", out.report);
+        let why = out.report[0].reason.as_deref().unwrap_or("");
+        assert!(why.contains("equarx.quantize"), "{opcode}: {why}");
+    }
+}
