@@ -317,19 +317,13 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Algorithm, Config, GatherForm, ScaleType};
+    use crate::plan::{Algorithm, Config};
 
     fn config(algorithm: Algorithm, bidirectional: bool) -> Config {
         Config {
             algorithm,
-            rotation: Rotation::None,
-            block: 64,
-            scale_type: ScaleType::Bf16,
-            format: crate::plan::QuantFormat::Int8,
-            pipeline_depth: 1,
             bidirectional,
-            gather: GatherForm::AllGather,
-            form: Form::Loop,
+            ..Config::default()
         }
     }
 

@@ -234,69 +234,66 @@ fn with_coordinate(r: usize, axis: Axis, a: usize) -> usize {
     r - coordinate(r, axis) * axis.stride + a * axis.stride
 }
 
-/// Every rank ends up with the chunks whose coordinate on `axis` is its
-/// own, summed over the axis, by requantizing hops round the axis's ring.
-fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: bool) {
-    let (q, b, st) = (axis.size as i64, plan.block(), plan.quant());
+/// A reduce phase over `axis`: every rank keeps the chunks whose coordinate
+/// on `axis` is its own, each replaced by `reduce(r, t, before)` (rank `r`,
+/// chunk `t`, every rank's chunks before the phase), and drops the rest.
+fn reduce_phase(
+    held: &mut [Vec<Option<Vec<f32>>>],
+    axis: Axis,
+    mut reduce: impl FnMut(usize, usize, &[Vec<Option<Vec<f32>>>]) -> Vec<f32>,
+) {
     let before: Vec<Vec<Option<Vec<f32>>>> = held.to_vec();
     for (r, chunks) in held.iter_mut().enumerate() {
         for (t, slot) in chunks.iter_mut().enumerate() {
             if slot.is_none() {
                 continue;
             }
-            if coordinate(t, axis) != coordinate(r, axis) {
-                *slot = None;
-                continue;
-            }
-            // Chunk t's owner on this axis is r; its chain per lane starts
-            // at coordinate a + dir and ends at a.
-            let a = coordinate(r, axis) as i64;
-            let mut sum = vec![0.0f32; plan.chunk];
-            for lane in &plan.lanes {
-                let member =
-                    |h: i64| with_coordinate(r, axis, (a + lane.dir * h).rem_euclid(q) as usize);
-                let range = lane.offset..lane.offset + lane.len;
-                let part_of = |rank: usize| &before[rank][t].as_ref().expect("held")[range.clone()];
-                let mut part = part_of(member(1)).to_vec();
-                for h in 2..=q {
-                    part = hop(&part, part_of(member(h)), b, st, fma);
-                }
-                sum[range].copy_from_slice(&part);
-            }
-            *slot = Some(sum);
+            *slot = (coordinate(t, axis) == coordinate(r, axis)).then(|| reduce(r, t, &before));
         }
     }
 }
 
-/// Every rank ends up with the chunks whose coordinate on `axis` is its
-/// own: every member's copy quantized once, and the owner's sum of their
-/// dequantized values in rank order.
+/// The ring: chunk t's owner on this axis is r; its chain per lane starts
+/// at coordinate a + dir and ends at a, requantizing at every hop.
+fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: bool) {
+    let (q, b, st) = (axis.size as i64, plan.block(), plan.quant());
+    reduce_phase(held, axis, |r, t, before| {
+        let a = coordinate(r, axis) as i64;
+        let mut sum = vec![0.0f32; plan.chunk];
+        for lane in &plan.lanes {
+            let member =
+                |h: i64| with_coordinate(r, axis, (a + lane.dir * h).rem_euclid(q) as usize);
+            let range = lane.offset..lane.offset + lane.len;
+            let part_of = |rank: usize| &before[rank][t].as_ref().expect("held")[range.clone()];
+            let mut part = part_of(member(1)).to_vec();
+            for h in 2..=q {
+                part = hop(&part, part_of(member(h)), b, st, fma);
+            }
+            sum[range].copy_from_slice(&part);
+        }
+        sum
+    });
+}
+
+/// The exchange: every member's copy quantized once, and the owner's sum
+/// of their dequantized values in rank order.
 fn exchange_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, b: usize, st: Quant, fma: bool) {
-    let before: Vec<Vec<Option<Vec<f32>>>> = held.to_vec();
-    for (r, chunks) in held.iter_mut().enumerate() {
-        for (t, slot) in chunks.iter_mut().enumerate() {
-            if slot.is_none() {
-                continue;
-            }
-            if coordinate(t, axis) != coordinate(r, axis) {
-                *slot = None;
-                continue;
-            }
-            let mut sum = vec![0.0f32; slot.as_ref().map_or(0, Vec::len)];
-            for k in 0..axis.size {
-                let from = before[with_coordinate(r, axis, k)][t]
-                    .as_ref()
-                    .expect("held");
-                for (blk, acc) in from.chunks(b).zip(sum.chunks_mut(b)) {
-                    let (q, s) = quantize_block(blk, st);
-                    for (a, &c) in acc.iter_mut().zip(&q) {
-                        *a = if fma { c.mul_add(s, *a) } else { *a + c * s };
-                    }
+    reduce_phase(held, axis, |r, t, before| {
+        let own = before[r][t].as_ref().map_or(0, Vec::len);
+        let mut sum = vec![0.0f32; own];
+        for k in 0..axis.size {
+            let from = before[with_coordinate(r, axis, k)][t]
+                .as_ref()
+                .expect("held");
+            for (blk, acc) in from.chunks(b).zip(sum.chunks_mut(b)) {
+                let (q, s) = quantize_block(blk, st);
+                for (a, &c) in acc.iter_mut().zip(&q) {
+                    *a = if fma { c.mul_add(s, *a) } else { *a + c * s };
                 }
             }
-            *slot = Some(sum);
         }
-    }
+        sum
+    });
 }
 
 /// One hop: quantize `part`, dequantize it at the receiver, add `own`.
@@ -559,19 +556,13 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Form, GatherForm};
 
     fn plan(p: usize, n: usize, algorithm: Algorithm, rotation: Rotation, block: usize) -> Plan {
         let config = Config {
             algorithm,
             rotation,
             block,
-            scale_type: ScaleType::Bf16,
-            format: QuantFormat::Int8,
-            pipeline_depth: 1,
-            bidirectional: true,
-            gather: GatherForm::AllGather,
-            form: Form::Loop,
+            ..Config::default()
         };
         Plan::new(p, n, &config).unwrap()
     }

@@ -238,6 +238,24 @@ pub struct Config {
     pub form: Form,
 }
 
+/// The paper's ring, unrotated, with the pass's default block, scales,
+/// format, lanes and form: a base to change one field of.
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            algorithm: Algorithm::Ring,
+            rotation: Rotation::None,
+            block: 64,
+            scale_type: ScaleType::Bf16,
+            format: QuantFormat::Int8,
+            pipeline_depth: 1,
+            bidirectional: true,
+            gather: GatherForm::AllGather,
+            form: Form::Loop,
+        }
+    }
+}
+
 /// One independent chain of a ring phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lane {
@@ -631,14 +649,7 @@ mod tests {
     fn config(algorithm: Algorithm) -> Config {
         Config {
             algorithm,
-            rotation: Rotation::None,
-            block: 64,
-            scale_type: ScaleType::Bf16,
-            format: QuantFormat::Int8,
-            pipeline_depth: 1,
-            bidirectional: true,
-            gather: GatherForm::AllGather,
-            form: Form::Loop,
+            ..Config::default()
         }
     }
 
