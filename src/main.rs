@@ -92,7 +92,8 @@ struct RewriteArgs {
     #[arg(short, long)]
     output: PathBuf,
     /// Output container; default: the input's (`.txt`/`.hlo` names mean
-    /// text, a `.gz` suffix compresses).
+    /// text, a `.gz` suffix compresses). The code format on the wire is
+    /// `--quant-format`.
     #[arg(long, value_enum)]
     format: Option<Format>,
     /// Print a table of every all-reduce: decision, reason, group, bytes on
@@ -298,12 +299,42 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
 /// Exits on a command line clap refuses. A flag that is no option of a
 /// command with pass options gets the message every door gives for an
 /// unknown option (`equarx::options::unknown_option`), plus clap's guess.
+/// `--format int4`: the code format given where the output container
+/// goes. Says which flag takes it instead of only listing containers.
+fn container_for_code_format(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        e.get(ContextKind::InvalidArg),
+        e.get(ContextKind::InvalidValue),
+    ) else {
+        return None;
+    };
+    let quant = <equarx::plan::QuantFormat as clap::ValueEnum>::from_str(value, true).ok()?;
+    let name = |v: Option<clap::builder::PossibleValue>| v.map(|v| v.get_name().to_string());
+    (e.kind() == ErrorKind::InvalidValue && arg.starts_with("--format")).then(|| {
+        let containers: Vec<String> = <Format as clap::ValueEnum>::value_variants()
+            .iter()
+            .filter_map(|f| name(clap::ValueEnum::to_possible_value(f)))
+            .collect();
+        format!(
+            "--format picks the output container ({}); '{value}' is a code format: use \
+             --quant-format {}",
+            containers.join(", "),
+            name(clap::ValueEnum::to_possible_value(&quant)).unwrap_or_else(|| value.clone())
+        )
+    })
+}
+
 fn refuse_arguments(e: clap::Error) -> ExitCode {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let with_pass_options = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .is_some_and(|c| ["rewrite", "analyze", "model"].contains(&c.as_str()));
+    if let Some(message) = container_for_code_format(&e) {
+        eprintln!("equarx: error: {message}");
+        return ExitCode::from(2);
+    }
     let flag = match e.get(ContextKind::InvalidArg) {
         Some(ContextValue::String(s)) if e.kind() == ErrorKind::UnknownArgument => s.clone(),
         _ => e.exit(),

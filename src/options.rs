@@ -293,7 +293,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         why: "int8 errs least on Gaussian data at the same bytes; fp8 keeps a relative error \
               per value, whatever the block's outliers; int4 sends about 3.4x fewer bytes than \
               bf16 at a much larger error, for slow links (the CLI's `--format` names the \
-              output container, hence `--quant-format`)",
+              output container, hence `--quant-format`; `--format int4` is refused with a \
+              pointer to it)",
         unset: "",
         example: "fp8-e4m3",
         refused: Some(("int3", "\"int3\" is not one of")),

@@ -335,3 +335,40 @@ fn a_reader_that_has_gone_ends_the_command_quietly() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(stderr.is_empty(), "{stderr}");
 }
+
+#[test]
+fn a_code_format_given_to_format_points_to_quant_format() {
+    let dir = scratch("cli_format_hint");
+    let out = dir.join("out.pb");
+    for (given, flag) in [
+        ("int4", "--quant-format int4"),
+        ("FP8-E4M3", "--quant-format fp8-e4m3"),
+    ] {
+        let o = equarx()
+            .args(["rewrite", &fixture("psum_bf16_p8.pb"), "-o"])
+            .arg(&out)
+            .args(["--format", given])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{given}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("output container (module, hlo-proto"),
+            "{given}: {err}"
+        );
+        assert!(!out.exists(), "{given}: nothing is written");
+    }
+    // A value that is neither keeps clap's own message and its list.
+    let o = equarx()
+        .args(["rewrite", &fixture("psum_bf16_p8.pb"), "-o"])
+        .arg(&out)
+        .args(["--format", "int9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("possible values: module") && !err.contains("--quant-format"),
+        "{err}"
+    );
+}
