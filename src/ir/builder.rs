@@ -215,6 +215,14 @@ impl<'m> Builder<'m> {
         })
     }
 
+    pub fn s8_array(&mut self, v: &[i8], dims: &[i64]) -> Value {
+        self.constant(LiteralProto {
+            shape: Some(shape::array(PrimitiveType::S8, dims)),
+            s8s: v.iter().map(|&x| x as u8).collect(),
+            ..Default::default()
+        })
+    }
+
     pub fn s32_array(&mut self, v: &[i32]) -> Value {
         self.s32_array_or_scalar(v, false)
     }

@@ -139,6 +139,8 @@ struct Emitter<'b, 'm, 'i> {
     coordinates: HashMap<usize, Value>,
     /// [`Self::byte_shifts`], by block count.
     shifts: HashMap<i64, Value>,
+    /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
+    hadamard: Option<Value>,
     /// Values whose buffers belong to the operands (a payload that is only
     /// a reshape of one): a loop must not take them over.
     borrowed: Vec<InstrId>,
@@ -159,6 +161,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             indices: HashMap::default(),
             coordinates: HashMap::default(),
             shifts: HashMap::default(),
+            hadamard: None,
             borrowed: Vec::new(),
         }
     }
@@ -281,13 +284,22 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         self.b.reshape(&rotated, &[n])
     }
 
-    /// The B×B Sylvester Hadamard matrix (±1).
+    /// The B×B Sylvester Hadamard matrix (±1) as f32, emitted once per
+    /// computation: it is symmetric, so the inverse rotation reads it too.
+    /// Its literal is s8 (a quarter of an f32 literal's bytes in the
+    /// module; XLA folds the convert).
     fn hadamard(&mut self) -> Value {
+        if let Some(h) = &self.hadamard {
+            return h.clone();
+        }
         let bl = self.plan().block();
-        let entries: Vec<f32> = (0..bl * bl)
-            .map(|i| hadamard_sign(i / bl, i % bl))
+        let entries: Vec<i8> = (0..bl * bl)
+            .map(|i| hadamard_sign(i / bl, i % bl) as i8)
             .collect();
-        self.b.f32_array(&entries, &[bl as i64, bl as i64])
+        let signs = self.b.s8_array(&entries, &[bl as i64, bl as i64]);
+        let h = self.b.convert(&signs, PrimitiveType::F32);
+        self.hadamard = Some(h.clone());
+        h
     }
 
     /// The rank r (s32) of this device in its group.
