@@ -106,8 +106,11 @@ pub fn verify(module: &Module) -> Result<(), VerifyError> {
         return Err(VerifyError::MissingEntry(module.entry_id().0));
     }
 
+    let count: usize = comps.iter().map(|c| c.instructions().len()).sum();
     let mut ids: HashMap<i64, &str> = HashMap::default();
     let mut names: HashSet<&str> = HashSet::default();
+    ids.reserve(count);
+    names.reserve(count);
     for c in comps {
         for i in c.instructions() {
             if let Some(first) = ids.insert(i.id, &i.name) {
@@ -189,6 +192,7 @@ fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(),
         });
     }
     let mut seen: HashMap<i64, &HloInstructionProto> = HashMap::default();
+    seen.reserve(c.instructions().len());
     for instr in c.instructions() {
         let at = || (comp(), instr.name.clone());
         for &op in &instr.operand_ids {
@@ -274,13 +278,14 @@ fn check_layout(s: &crate::proto::ShapeProto) -> Result<(), String> {
     if let Some(layout) = &s.layout {
         let rank = s.dimensions.len();
         let m2m = &layout.minor_to_major;
-        let mut seen = vec![false; rank];
+        // A permutation of 0..rank: each in range, none twice (a bit set).
+        let mut seen = vec![0u64; rank.div_ceil(64)];
         let valid = m2m.len() == rank
             && m2m.iter().all(|&d| {
                 usize::try_from(d)
                     .ok()
-                    .filter(|&d| d < rank && !seen[d])
-                    .map(|d| seen[d] = true)
+                    .filter(|&d| d < rank && seen[d / 64] & (1 << (d % 64)) == 0)
+                    .map(|d| seen[d / 64] |= 1 << (d % 64))
                     .is_some()
             });
         // Non-array shapes may omit the layout entirely.

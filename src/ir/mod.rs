@@ -176,11 +176,19 @@ pub struct Module {
     next_local: HashMap<CompId, i64>,
     next_flat: i64,
     next_channel: i64,
-    names: HashSet<String>,
+    /// Hashes of every instruction name: a name whose hash is here counts
+    /// as taken, so a collision only makes [`Module::fresh_name`] skip a
+    /// suffix (names stay unique, and no name is copied to be remembered).
+    names: HashSet<u64>,
     /// Per base name, the suffix [`Module::fresh_name`] tries first: names
     /// are never given back, so every smaller suffix is taken (keeps a
     /// rewrite that names thousands of instructions linear, not quadratic).
     next_suffix: HashMap<String, usize>,
+}
+
+fn name_hash(name: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(name)
 }
 
 impl Module {
@@ -229,7 +237,7 @@ impl Module {
                 max_local = max_local.max(instr.id & 0xffff_ffff);
                 max_flat = max_flat.max(instr.id);
                 max_channel = max_channel.max(instr.channel_id);
-                self.names.insert(instr.name.clone());
+                self.names.insert(name_hash(&instr.name));
             }
             self.next_local.insert(c.id(), max_local + 1);
         }
@@ -314,7 +322,7 @@ impl Module {
         let mut n = self.next_suffix.get(base).copied().unwrap_or(0);
         loop {
             let candidate = format!("{base}.{n}");
-            if self.names.insert(candidate.clone()) {
+            if self.names.insert(name_hash(&candidate)) {
                 match self.next_suffix.get_mut(base) {
                     Some(next) => *next = n + 1,
                     None => {
