@@ -21,7 +21,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use common::modules::{all_reduces, iota, load, resized};
-use common::{equarx, python, repo, scratch};
+use common::{equarx, run_python_door, scratch};
 use equarx::ffi::bridge::{OptionValue, rewrite_module};
 use equarx::ffi::c_abi::{EQUARX_OK, EquarxResult, equarx_free_result, equarx_rewrite};
 use equarx::proto::{HloModuleProto, HloModuleProtoWithConfig, LiteralProto, ShapeProto};
@@ -761,24 +761,7 @@ fn hostile_input_gets_a_clean_answer_through_every_door() {
     }
 
     // The Python door, all cases in one interpreter.
-    let jobs = dir.join("python_jobs.json");
-    std::fs::write(&jobs, serde_json::to_vec(&py_jobs).unwrap()).unwrap();
-    let results = dir.join("python_results.json");
-    let out = std::process::Command::new(python())
-        .arg(repo().join("tests/hostile.py"))
-        .arg(&jobs)
-        .arg(&results)
-        .env("PYTHONPATH", repo().join("python"))
-        .env("EQUARX_LIB", doors::cdylib())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tests/hostile.py died ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answers: Vec<Value> = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    let answers = run_python_door(&dir, "hostile.py", &[], &doors::cdylib(), &py_jobs);
     assert_eq!(answers.len(), cases.len());
     for (c, a) in cases.iter().zip(&answers) {
         let answer: Answer = if a["ok"] == true {

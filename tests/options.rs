@@ -18,7 +18,7 @@ mod doors;
 use std::ffi::{CStr, CString};
 use std::path::Path;
 
-use common::{equarx, fixture, python, repo, scratch};
+use common::{equarx, fixture, repo, run_python_door, scratch};
 use equarx::ffi::bridge::{OptionValue, rewrite_module};
 use equarx::ffi::c_abi::{EQUARX_OK, EquarxResult, equarx_free_result, equarx_rewrite};
 use equarx::options::{OPTIONS, OptionSpec, Syntax, from_pairs};
@@ -227,26 +227,13 @@ fn every_door_takes_every_option_and_refuses_alike() {
     }
 
     // The Python package, every job in one interpreter.
-    let jobs = dir.join("python_jobs.json");
-    std::fs::write(&jobs, serde_json::to_vec(&py_jobs).unwrap()).unwrap();
-    let results = dir.join("python_results.json");
-    let out = std::process::Command::new(python())
-        .arg(repo().join("tests/options.py"))
-        .arg(repo().join("tests/fixtures").join(MODULE))
-        .arg(&jobs)
-        .arg(&results)
-        .env("PYTHONPATH", repo().join("python"))
-        .env("EQUARX_LIB", doors::cdylib())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tests/options.py died ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    let answers = run_python_door(
+        &dir,
+        "options.py",
+        &[repo().join("tests/fixtures").join(MODULE)],
+        &doors::cdylib(),
+        &py_jobs,
     );
-    let answers: Vec<Value> = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
-    assert_eq!(answers.len(), py_jobs.len());
     let native_case = Case {
         what: String::new(),
         pairs: vec![],

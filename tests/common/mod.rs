@@ -114,6 +114,43 @@ pub fn run_xla(dir: &Path, jobs: &[Value]) -> Vec<Value> {
     results
 }
 
+/// Runs a door script (`tests/SCRIPT`) once over all `jobs`, with the
+/// Python package and `lib` (libequarx.so): `SCRIPT [ARGS..] JOBS RESULTS`.
+/// One answer per job, or a panic with the script's stderr.
+pub fn run_python_door(
+    dir: &Path,
+    script: &str,
+    args: &[PathBuf],
+    lib: &Path,
+    jobs: &[Value],
+) -> Vec<Value> {
+    let jobs_path = dir.join("python_jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(jobs).unwrap()).unwrap();
+    let results = dir.join("python_results.json");
+    let out = Command::new(python())
+        .arg(repo().join("tests").join(script))
+        .args(args)
+        .arg(&jobs_path)
+        .arg(&results)
+        .env("PYTHONPATH", repo().join("python"))
+        .env("EQUARX_LIB", lib)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tests/{script} died ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<Value> = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    assert_eq!(
+        answers.len(),
+        jobs.len(),
+        "tests/{script}: one answer per job"
+    );
+    answers
+}
+
 /// The `equarx` binary built for this test run.
 pub fn equarx() -> Command {
     Command::new(env!("CARGO_BIN_EXE_equarx"))
