@@ -156,3 +156,75 @@ pub fn with_dims(s: &ShapeProto, dims: &[i64]) -> ShapeProto {
 pub fn with_type(s: &ShapeProto, ty: PrimitiveType) -> ShapeProto {
     array(ty, &s.dimensions)
 }
+
+/// A layout's `minor_to_major` that does not name every dimension once.
+#[derive(Debug)]
+pub struct NotAPermutation;
+
+/// Where each element of an array with `dims`, counted row-major, sits in
+/// the storage order of `minor_to_major` (XLA stores literals in layout
+/// order). `None` when the two orders agree (rank < 2 or the default
+/// layout); `Err` when `minor_to_major` is not a permutation of the
+/// dimensions.
+pub fn physical_positions(
+    dims: &[i64],
+    minor_to_major: &[i64],
+) -> Result<Option<Vec<usize>>, NotAPermutation> {
+    let rank = dims.len();
+    let is_default = minor_to_major
+        .iter()
+        .enumerate()
+        .all(|(k, &d)| d == rank as i64 - 1 - k as i64);
+    if rank < 2 || is_default {
+        return Ok(None);
+    }
+    let udims: Vec<usize> = dims
+        .iter()
+        .map(|&d| usize::try_from(d).unwrap_or(0))
+        .collect();
+    let mut stride = vec![0usize; rank];
+    let mut placed = vec![false; rank];
+    let mut acc = 1usize;
+    for &d in minor_to_major {
+        let d = usize::try_from(d)
+            .ok()
+            .filter(|&d| d < rank && !placed[d])
+            .ok_or(NotAPermutation)?;
+        placed[d] = true;
+        stride[d] = acc;
+        acc = acc.saturating_mul(udims[d]);
+    }
+    let count = udims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .unwrap_or(0);
+    let mut positions = Vec::with_capacity(count);
+    let mut index = vec![0usize; rank];
+    for _ in 0..count {
+        positions.push(index.iter().zip(&stride).map(|(i, s)| i * s).sum());
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < udims[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(Some(positions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn physical_positions_follow_the_layout() {
+        // Column-major 2x3: row-major element (r, c) is stored at c*2 + r.
+        let p = physical_positions(&[2, 3], &[0, 1]).unwrap().unwrap();
+        assert_eq!(p, vec![0, 2, 4, 1, 3, 5]);
+        assert!(physical_positions(&[2, 3], &[1, 0]).unwrap().is_none());
+        assert!(physical_positions(&[4], &[0]).unwrap().is_none());
+        assert!(physical_positions(&[2, 3], &[0, 0]).is_err());
+        assert!(physical_positions(&[2, 3], &[0, 2]).is_err());
+    }
+}

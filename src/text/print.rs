@@ -1445,51 +1445,25 @@ fn shaped_literal(l: &LiteralProto) -> Result<String, String> {
 /// XLA stores a literal's values in the order of its layout; the text lists
 /// them row-major.
 fn logical_order(values: Vec<String>, s: &ShapeProto) -> Result<Vec<String>, String> {
-    let rank = s.dimensions.len();
     let Some(l) = s.layout.as_deref() else {
         return Ok(values);
     };
-    let m2m = &l.minor_to_major;
-    if rank < 2
-        || m2m
-            .iter()
-            .enumerate()
-            .all(|(k, &d)| d == (rank - 1 - k) as i64)
-    {
+    let Some(positions) = shape::physical_positions(&s.dimensions, &l.minor_to_major).map_err(
+        |shape::NotAPermutation| "literal layout is not a permutation of its dimensions",
+    )?
+    else {
         return Ok(values);
-    }
-    let dims: Vec<usize> = s.dimensions.iter().map(|&d| d.max(0) as usize).collect();
-    let mut stride = vec![0usize; rank];
-    let mut placed = vec![false; rank];
-    let mut acc = 1usize;
-    for &d in m2m {
-        let d = usize::try_from(d)
-            .ok()
-            .filter(|&d| d < rank && !placed[d])
-            .ok_or("literal layout is not a permutation of its dimensions")?;
-        placed[d] = true;
-        stride[d] = acc;
-        acc = acc.saturating_mul(dims[d]);
-    }
-    let mut out = Vec::with_capacity(values.len());
-    let mut index = vec![0usize; rank];
-    for _ in 0..values.len() {
-        let pos: usize = index.iter().zip(&stride).map(|(i, s)| i * s).sum();
-        out.push(
+    };
+    positions
+        .iter()
+        .take(values.len())
+        .map(|&pos| {
             values
                 .get(pos)
                 .cloned()
-                .ok_or("literal layout out of range")?,
-        );
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            if index[d] < dims[d] {
-                break;
-            }
-            index[d] = 0;
-        }
-    }
-    Ok(out)
+                .ok_or_else(|| "literal layout out of range".to_string())
+        })
+        .collect()
 }
 
 /// Row-major values nested by dimension: `{ { 1, 2 }, { 3, 4 } }`.

@@ -386,45 +386,17 @@ fn physical_order(
     dims: &[i64],
     layout: Option<&LayoutProto>,
 ) -> Result<Vec<Elem>, String> {
-    let rank = dims.len();
     let Some(l) = layout else { return Ok(values) };
-    let m2m = &l.minor_to_major;
-    let is_default = m2m
-        .iter()
-        .enumerate()
-        .all(|(k, &d)| d == (rank as i64) - 1 - k as i64);
-    if rank < 2 || is_default {
+    let Some(positions) = shape::physical_positions(dims, &l.minor_to_major).map_err(
+        |shape::NotAPermutation| "the constant's layout is not a permutation of its dimensions",
+    )?
+    else {
         return Ok(values);
-    }
-    let mut stride = vec![0usize; rank];
-    let mut placed = vec![false; rank];
-    let mut acc = 1usize;
-    for &d in m2m {
-        let d = usize::try_from(d)
-            .ok()
-            .filter(|&d| d < rank && !placed[d])
-            .ok_or("the constant's layout is not a permutation of its dimensions")?;
-        placed[d] = true;
-        stride[d] = acc;
-        acc = acc.saturating_mul(usize::try_from(dims[d]).unwrap_or(0));
-    }
-    let udims: Vec<usize> = dims
-        .iter()
-        .map(|&d| usize::try_from(d).unwrap_or(0))
-        .collect();
+    };
     let mut out = values.clone();
-    let mut index = vec![0usize; rank];
-    for v in values {
-        let pos: usize = index.iter().zip(&stride).map(|(i, s)| i * s).sum();
+    for (v, pos) in values.into_iter().zip(positions) {
         if let Some(slot) = out.get_mut(pos) {
             *slot = v;
-        }
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            if index[d] < udims[d] {
-                break;
-            }
-            index[d] = 0;
         }
     }
     Ok(out)
