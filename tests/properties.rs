@@ -492,14 +492,8 @@ fn six_random_cases_run_in_xla() {
                     b,
                     plan.config.rotation,
                 );
-                let ring = equarx::numerics::error::format_rel_rms(
-                    plan.config.format,
-                    plan.noise_weight(),
-                    crest,
-                );
                 let bits = if c.operands[0].ty == Ty::Bf16 { 7 } else { 23 };
-                let rounding = equarx::numerics::error::output_rounding_rel_rms(bits);
-                let bound = 1.25 * (ring * ring + rounding * rounding).sqrt();
+                let bound = 1.25 * equarx::numerics::error::rel_rms_with_crest(&plan, crest, bits);
                 if measured > bound {
                     failures.push(format!(
                         "case {n}: relative RMS {measured:.5} > model bound {bound:.5}"

@@ -13,7 +13,7 @@
 mod common;
 
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
-use equarx::numerics::error::{format_rel_rms, output_rounding_rel_rms};
+use equarx::numerics::error::rel_rms_with_crest;
 use equarx::numerics::simulate;
 use equarx::plan::{Collective, Plan, QuantFormat};
 use equarx::proto::HloModuleProto;
@@ -534,9 +534,7 @@ fn rewritten_collectives_run_in_xla_with_bounded_error() {
                 let exact_f32: Vec<f32> = want[r].iter().map(|&x| x as f32).collect();
                 let rows: Vec<Vec<f32>> = inputs.iter().map(|x| x.concat()).collect();
                 let crest = simulate::crest_seen(&rows, &exact_f32, plan.block(), config.rotation);
-                let model = format_rel_rms(plan.config.format, plan.noise_weight(), crest);
-                let rounding = output_rounding_rel_rms(7);
-                let b = 1.25 * (model * model + rounding * rounding).sqrt();
+                let b = 1.25 * rel_rms_with_crest(&plan, crest, 7);
                 worst = worst.max(measured);
                 bound = bound.max(b);
                 if measured > b {

@@ -18,7 +18,7 @@ use std::path::Path;
 use common::modules::{all_reduces, iota, list, load, make_async, opts, with_counts};
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
 use equarx::ir::shape;
-use equarx::numerics::error::{format_rel_rms, output_rounding_rel_rms};
+use equarx::numerics::error::{format_rel_rms, rel_rms_with_crest};
 use equarx::numerics::simulate;
 use equarx::plan::Plan;
 use equarx::plan::QuantFormat;
@@ -929,14 +929,12 @@ fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {
                         let crest =
                             simulate::crest_seen(&inputs, &exact_f32, block, config.rotation);
                         let plan = Plan::new(group.len(), inputs[0].len(), &config).unwrap();
-                        let ring = format_rel_rms(plan.config.format, plan.noise_weight(), crest);
                         let out_type = if results[*rj]["outputs"][k]["dtype"] == "bf16" {
                             7
                         } else {
                             23
                         };
-                        let rounding = output_rounding_rel_rms(out_type);
-                        let model = (ring * ring + rounding * rounding).sqrt();
+                        let model = rel_rms_with_crest(&plan, crest, out_type);
                         let b = 1.25 * model;
                         // On Gaussian data the model is within 10 % of the
                         // measured error, for every algorithm, rotation and

@@ -90,11 +90,14 @@ pub fn output_rounding_rel_rms(mantissa_bits: u32) -> f64 {
 /// The predicted relative RMS error of `plan` on Gaussian data, including
 /// rounding the result to a type with `mantissa_bits`.
 pub fn predicted_rel_rms(plan: &Plan, mantissa_bits: u32) -> f64 {
-    let quant = format_rel_rms(
-        plan.config.format,
-        plan.noise_weight(),
-        gaussian_crest_sq(plan.block()),
-    );
+    rel_rms_with_crest(plan, gaussian_crest_sq(plan.block()), mantissa_bits)
+}
+
+/// The model's relative RMS error of `plan` for blocks of crest factor
+/// `crest_sq` (κ², e.g. measured on the data the quantizer sees), with the
+/// result rounded to a type with `mantissa_bits`: the two in quadrature.
+pub fn rel_rms_with_crest(plan: &Plan, crest_sq: f64, mantissa_bits: u32) -> f64 {
+    let quant = format_rel_rms(plan.config.format, plan.noise_weight(), crest_sq);
     let out = output_rounding_rel_rms(mantissa_bits);
     (quant * quant + out * out).sqrt()
 }

@@ -481,7 +481,7 @@ pub fn crest_seen(inputs: &[Vec<f32>], exact: &[f32], block: usize, rotation: Ro
 /// Combinations that cannot be planned (a two-level grid of a prime
 /// group, a rotation of a block that is no power of two) are left out.
 pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
-    use crate::numerics::error::{format_rel_rms, output_rounding_rel_rms};
+    use crate::numerics::error::rel_rms_with_crest;
     use crate::plan::{Form, GatherForm, PlanError, ring_wire_bytes};
     let mut rows = Vec::new();
     for &dist in &s.distributions {
@@ -497,7 +497,6 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                         continue;
                     }
                     let crest = crest_seen(&inputs, &exact_f32, b, rotation);
-                    let out = output_rounding_rel_rms(7);
                     for (algorithm, format) in s
                         .algorithms
                         .iter()
@@ -525,7 +524,6 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                     Err(e) => return Err(e.to_string()),
                                 };
                                 let got = to_bf16(&quantized_all_reduce(&inputs, &plan, true));
-                                let model = format_rel_rms(format, plan.noise_weight(), crest);
                                 let payload = 2 * s.elements as u64;
                                 rows.push(SweepRow {
                                     distribution: dist,
@@ -537,7 +535,7 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                     pipeline_depth: d,
                                     bidirectional: bi,
                                     equarx: error(&got, &exact),
-                                    predicted_rel_rms: (model * model + out * out).sqrt(),
+                                    predicted_rel_rms: rel_rms_with_crest(&plan, crest, 7),
                                     bf16_ring,
                                     per_tensor_int8: naive,
                                     wire_ratio: ring_wire_bytes(p, payload) as f64
