@@ -16,7 +16,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `EQUARX_BENCH_MODULE` | the module to rewrite (any container `equarx rewrite` reads) |
-//! | `EQUARX_BENCH_FLAGS` | the pass options as `equarx rewrite` flags, a JSON array of strings (`["--pipeline-depth", "1"]`), read as the CLI reads them; unset: defaults |
+//! | `EQUARX_BENCH_OPTIONS` | the pass options as the JSON object every door reads (`{"pipeline_depth": 1}`); unset: defaults |
 //! | `EQUARX_BENCH_EXPECT` | optional: a file the rewrite must reproduce byte for byte (the CLI's output for the same flags) |
 //! | `EQUARX_BENCH_RUNS` | timed runs of each measurement, interleaved (default 3) |
 
@@ -36,7 +36,9 @@ fn rewrite(bytes: &[u8], options: &RewriteOptions) -> Vec<u8> {
     let mut loaded = equarx::io::decode(bytes, None).unwrap();
     let module = std::mem::take(&mut loaded.module);
     let r = equarx::rewrite(module, loaded.counts, options).unwrap();
-    loaded.encode(&r.module, None, loaded.gzip).unwrap()
+    loaded
+        .encode(&r.module, None, loaded.gzip, &r.counts)
+        .unwrap()
 }
 
 /// The floor any proto-to-proto pass pays: prost decode + encode.
@@ -96,8 +98,9 @@ fn instructions(m: &HloModuleProto) -> usize {
 /// (bench/compile/run prints them), not panics.
 fn file_mode(path: &str) -> Result<String, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let flags = std::env::var("EQUARX_BENCH_FLAGS").unwrap_or_else(|_| "[]".into());
-    let options = cli_options(&flags).map_err(|e| format!("EQUARX_BENCH_FLAGS={flags}: {e}"))?;
+    let flags = std::env::var("EQUARX_BENCH_OPTIONS").unwrap_or_default();
+    let options = equarx::options::from_json(&flags)
+        .map_err(|e| format!("EQUARX_BENCH_OPTIONS={flags}: {e}"))?;
     let runs: usize = match std::env::var("EQUARX_BENCH_RUNS") {
         Ok(s) => s
             .parse()
@@ -115,7 +118,7 @@ fn file_mode(path: &str) -> Result<String, String> {
         let want = std::fs::read(&expect).map_err(|e| format!("cannot read {expect}: {e}"))?;
         if want != out {
             return Err(format!(
-                "the library's rewrite with EQUARX_BENCH_FLAGS={flags} differs from {expect} \
+                "the library's rewrite with EQUARX_BENCH_OPTIONS={flags} differs from {expect} \
                  ({} bytes against {}): not the module the CLI wrote",
                 out.len(),
                 want.len()
@@ -147,20 +150,6 @@ fn file_mode(path: &str) -> Result<String, String> {
         "decode_encode_output_s": secs(&de),
     })
     .to_string())
-}
-
-/// Pass options from command-line flags, the way `equarx rewrite` reads
-/// them (the flags of `equarx::options`).
-fn cli_options(flags_json: &str) -> Result<RewriteOptions, String> {
-    let flags: Vec<String> = serde_json::from_str(flags_json)
-        .map_err(|e| format!("want a JSON array of strings: {e}"))?;
-    let m = clap::Command::new("equarx rewrite")
-        .no_binary_name(true)
-        .args(equarx::options::clap_args())
-        .try_get_matches_from(&flags)
-        .map_err(|e| e.to_string())?;
-    let given = equarx::options::given_in(&m);
-    equarx::options::from_pairs(given.iter().map(|(n, v)| (*n, v.as_str())))
 }
 
 criterion_group!(benches, bench);

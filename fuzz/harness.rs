@@ -135,7 +135,7 @@ pub fn pipeline(data: &[u8]) {
     );
     for format in [Format::Module, Format::HloProto, Format::WithConfig] {
         let bytes = loaded
-            .encode(&r.module, Some(format), false)
+            .encode(&r.module, Some(format), false, &r.counts)
             .expect("binary encoding cannot fail");
         let back = io::decode(&bytes, Some(format))
             .unwrap_or_else(|e| panic!("equarx cannot read its own {format:?} output: {e}"));
@@ -147,7 +147,7 @@ pub fn pipeline(data: &[u8]) {
     }
     // Text output may legitimately fail (a module XLA's printer cannot write
     // either); it must not panic.
-    let _ = loaded.encode(&r.module, Some(Format::Text), false);
+    let _ = loaded.encode(&r.module, Some(Format::Text), false, &r.counts);
 }
 
 /// The options JSON a `c_abi` input uses (by its length, unless it carries

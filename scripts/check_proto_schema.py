@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check equarx's protobuf schema (proto/xla/*.proto) against XLA's own descriptors.
+"""Check equarx's protobuf schema (core/proto/xla/*.proto) against XLA's own descriptors.
 
 prost drops fields it does not know, so our schema must declare every field
 number that XLA writes, with a wire-compatible type. This script walks every
@@ -32,8 +32,8 @@ Reference descriptors come from:
 OUR_FDS is our schema compiled to a binary FileDescriptorSet, e.g. with the
 protox CLI (`cargo install protox --features bin`):
 
-  protox --include_imports -I proto -o /tmp/equarx_xla.fds \
-      proto/xla/hlo.proto proto/xla/xla.proto
+  protox --include_imports -I core/proto -o /tmp/equarx_xla.fds \
+      core/proto/xla/hlo.proto core/proto/xla/xla.proto
   python3 scripts/check_proto_schema.py /tmp/tfwheel_unpacked /tmp/equarx_xla.fds \
       [--ref-binary .../jaxlib/libjax_common.so]
 

@@ -1,10 +1,15 @@
 //! The charts behind `equarx simulate --plot` and `equarx model --plot`:
-//! what goes on them, drawn by [`crate::plot`]. They return SVG text; the
-//! caller decides where it goes.
+//! what goes on them, drawn by [`crate::plot`]. They return SVG text;
+//! [`write_svg`] puts it in a file.
 
-use crate::cost::{self, Topology};
-use crate::numerics::simulate::SweepRow;
-use crate::passes::quantized_all_reduce::{Options, model_bf16};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use equarx::cost::{self, Topology};
+use equarx::numerics::simulate::SweepRow;
+use equarx::passes::quantized_all_reduce::{Options, model_bf16};
+
 use crate::plot::{Chart, Series, svg};
 
 /// Error against P from a `simulate` sweep, one chart per input
@@ -26,7 +31,7 @@ pub fn error_charts(rows: &[SweepRow]) -> Result<Vec<(String, String)>, String> 
                 .next()
                 .unwrap_or("")
                 .to_string();
-            let rotated = r.rotation == crate::plan::Rotation::Hadamard;
+            let rotated = r.rotation == equarx::plan::Rotation::Hadamard;
             (algorithm, rotated, r.block_size)
         };
         let mut configs: Vec<(String, bool, usize)> = mine.iter().map(|r| kind(r)).collect();
@@ -63,8 +68,7 @@ pub fn error_charts(rows: &[SweepRow]) -> Result<Vec<(String, String)>, String> 
         series.push(line("per-tensor int8".into(), &|r| {
             Some(r.per_tensor_int8.rel_rms * 100.0)
         }));
-        let dname = clap::ValueEnum::to_possible_value(&d)
-            .map_or_else(|| format!("{d:?}"), |v| v.get_name().to_string());
+        let dname = d.to_string();
         let title = format!("all-reduce error vs the exact sum, {dname} inputs");
         let chart = Chart {
             title: &title,
@@ -105,4 +109,12 @@ pub fn speedup_chart(
         log_y: false,
     };
     svg(&chart, &series)
+}
+
+/// Writes a chart into `path` (atomically).
+pub fn write_svg(path: &Path, svg: &str) -> Result<()> {
+    equarx::io::write_atomic(path, svg.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }

@@ -53,7 +53,7 @@ fn library(bytes: &[u8], json: &str) -> Result<(Vec<u8>, String), String> {
     let r = equarx::rewrite(loaded.module.clone(), loaded.counts, &options)
         .map_err(|e| e.to_string())?;
     let out = loaded
-        .encode(&r.module, None, false)
+        .encode(&r.module, None, false, &r.counts)
         .map_err(|e| e.to_string())?;
     Ok((out, serde_json::to_string(&r.report).unwrap()))
 }

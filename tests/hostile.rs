@@ -605,7 +605,7 @@ fn library(c: &Case) -> Answer {
     let r = equarx::rewrite(loaded.module.clone(), loaded.counts, &options)
         .map_err(|e| e.to_string())?;
     let bytes = loaded
-        .encode(&r.module, None, loaded.gzip)
+        .encode(&r.module, None, loaded.gzip, &r.counts)
         .map_err(|e| e.to_string())?;
     if r.changed {
         equarx::io::decode(&bytes, None).expect("the library reads its own output");

@@ -76,7 +76,9 @@ fn decode_encode_decode_is_the_identity() {
     for path in fixture_protos() {
         let bytes = std::fs::read(&path).unwrap();
         let loaded = io::decode(&bytes, None).unwrap();
-        let encoded = loaded.encode(&loaded.module, None, false).unwrap();
+        let encoded = loaded
+            .encode(&loaded.module, None, false, &loaded.counts)
+            .unwrap();
         let again = io::decode(&encoded, None).unwrap();
         assert_eq!(again.module, loaded.module, "{}", path.display());
         assert_eq!(again.format, loaded.format);

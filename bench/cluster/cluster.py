@@ -163,7 +163,7 @@ def find_library() -> str:
         p = Path(d) / "release" / "libequarx.so"
         if d and p.is_file():
             return str(p)
-    raise SystemExit("libequarx.so not found: set EQUARX_LIB or run `cargo build --release --lib`")
+    raise SystemExit("libequarx.so not found: set EQUARX_LIB or run `cargo build --release -p equarx`")
 
 
 def start_workers(args, net: dict | None, workdir: Path, rates: list[str]) -> list[dict]:

@@ -242,11 +242,28 @@ def rewrite(equarx, module, out, report, flags):
 
 # ------------------------------------------------------------------ the pass's own time
 
+def flags_to_options(flags):
+    """`equarx rewrite` flags (`--name value`, `--name=value`, a bare
+    `--name` for true) as the JSON options object every door reads."""
+    options, k = {}, 0
+    while k < len(flags):
+        name, eq, value = flags[k][2:].partition("=")
+        if not eq:
+            nxt = flags[k + 1] if k + 1 < len(flags) else None
+            if nxt is not None and not nxt.startswith("--"):
+                value, k = nxt, k + 1
+            else:
+                value = "true"
+        options[name.replace("-", "_")] = value
+        k += 1
+    return options
+
+
 def time_pass(bench, module, expect, flags, runs, timeout):
     env = dict(os.environ)
     env.update({
         "EQUARX_BENCH_MODULE": module,
-        "EQUARX_BENCH_FLAGS": json.dumps(flags),
+        "EQUARX_BENCH_OPTIONS": json.dumps(flags_to_options(flags)),
         "EQUARX_BENCH_EXPECT": expect,
         "EQUARX_BENCH_RUNS": str(runs),
     })

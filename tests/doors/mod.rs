@@ -42,13 +42,18 @@ pub fn staticlib() -> PathBuf {
     built_lib("libequarx.a")
 }
 
-/// The include directory cxx-build wrote for this build:
-/// `rust/cxx.h` and `equarx/src/ffi/bridge.rs.h`.
+/// The include directory cxx-build links for this build's core library
+/// (`<target>/cxxbridge`): `rust/cxx.h` and `equarx/src/ffi/bridge.rs.h`.
 pub fn cxxbridge_include() -> PathBuf {
-    let d = PathBuf::from(env!("OUT_DIR")).join("cxxbridge/include");
+    let target = profile_dir()
+        .parent()
+        .expect("the profile directory is inside the target directory")
+        .to_path_buf();
+    let d = target.join("cxxbridge");
     assert!(
-        d.join("equarx/src/ffi/bridge.rs.h").is_file(),
-        "the cxx bridge header is missing from {} (build.rs generates it)",
+        d.join("equarx/src/ffi/bridge.rs.h").is_file() && d.join("rust/cxx.h").is_file(),
+        "the cxx bridge headers are missing from {} (core/build.rs generates them when the \
+         core library builds)",
         d.display()
     );
     d

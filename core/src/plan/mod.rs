@@ -51,15 +51,15 @@ use std::fmt;
 /// millions of collectives (or, unrolled, millions of instructions).
 pub const MAX_RING_HOPS: u64 = 1 << 14;
 
-/// How the scales travel: f32 (kept to 17 significant bits), or bf16. The
-/// codes are computed against the scale that travels.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum ScaleType {
-    F32,
-    Bf16,
+crate::choice_enum! {
+    /// How the scales travel: f32 (kept to 17 significant bits), or bf16.
+    /// The codes are computed against the scale that travels.
+    pub enum ScaleType {
+        /// f32 bits, rounded to 17 significant bits.
+        F32 = "f32",
+        /// bf16: 8 significant bits, half the bytes.
+        Bf16 = "bf16",
+    }
 }
 
 impl ScaleType {
@@ -71,35 +71,20 @@ impl ScaleType {
     }
 }
 
-/// What a code is: a small integer or an 8-bit float, times its block's
-/// scale.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum QuantFormat {
-    /// Integers in [-127, 127]: the scale is absmax/127.
-    #[default]
-    Int8,
-    /// fp8 e4m3 (no infinities; largest 448): the scale is absmax/448 and
-    /// the float's own rounding keeps 4 significant bits per value.
-    #[value(name = "fp8-e4m3")]
-    #[serde(rename = "fp8-e4m3")]
-    Fp8E4m3,
-    /// fp8 e5m2 (largest 57344): 3 significant bits, a wider range.
-    #[value(name = "fp8-e5m2")]
-    #[serde(rename = "fp8-e5m2")]
-    Fp8E5m2,
-    /// Integers in [-7, 7], two codes per byte: the scale is absmax/7.
-    Int4,
+crate::choice_enum! {
+    /// What a code is: a small integer or an 8-bit float, times its block's
+    /// scale.
+    pub enum QuantFormat {
+        /// Integers in [-127, 127]: the scale is absmax/127.
+        Int8 = "int8",
+        /// fp8 e4m3 (no infinities; largest 448): the scale is absmax/448
+        /// and the float's own rounding keeps 4 significant bits per value.
+        Fp8E4m3 = "fp8-e4m3",
+        /// fp8 e5m2 (largest 57344): 3 significant bits, a wider range.
+        Fp8E5m2 = "fp8-e5m2",
+        /// Integers in [-7, 7], two codes per byte: the scale is absmax/7.
+        Int4 = "int4",
+    }
 }
 
 impl QuantFormat {
@@ -138,28 +123,24 @@ pub struct Quant {
     pub scale: ScaleType,
 }
 
-/// How the reduced chunks reach every rank.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum GatherForm {
-    /// One `all-gather` (the backend picks its algorithm).
-    AllGather,
-    /// P−1 `collective-permute` hops round the ring.
-    Permute,
+crate::choice_enum! {
+    /// How the reduced chunks reach every rank.
+    pub enum GatherForm {
+        /// One `all-gather` (the backend picks its algorithm).
+        AllGather = "all-gather",
+        /// P−1 `collective-permute` hops round the ring.
+        Permute = "permute",
+    }
 }
 
-/// How repeated steps are emitted.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Form {
-    /// A `while` loop over the steps: the module does not grow with P.
-    Loop,
-    /// Every step written out: P−1 copies of the step's ops.
-    Unrolled,
+crate::choice_enum! {
+    /// How repeated steps are emitted.
+    pub enum Form {
+        /// A `while` loop over the steps: the module does not grow with P.
+        Loop = "loop",
+        /// Every step written out: P−1 copies of the step's ops.
+        Unrolled = "unrolled",
+    }
 }
 
 /// The reduce algorithm.
@@ -185,15 +166,15 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// Whether blocks are rotated before quantization.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Rotation {
-    None,
-    /// The orthonormal Hadamard transform of each block (B a power of two).
-    Hadamard,
+crate::choice_enum! {
+    /// Whether blocks are rotated before quantization.
+    pub enum Rotation {
+        /// Blocks are quantized as they are.
+        None = "none",
+        /// The orthonormal Hadamard transform of each block (B a power of
+        /// two).
+        Hadamard = "hadamard",
+    }
 }
 
 /// Which collective a plan carries out.

@@ -56,76 +56,45 @@ use crate::plan::{Algorithm, Collective, Config, Plan, PlanError, baseline_wire_
 pub use crate::plan::{Form, GatherForm, QuantFormat, Rotation};
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
-/// Which reduce algorithm `--algorithm` asks for.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum AlgorithmOption {
-    /// The time model picks per op among those that apply.
-    #[default]
-    Auto,
-    /// The paper's ring: P−1 requantizing hops.
-    Ring,
-    /// Quantize once, one all-to-all, the owner sums in f32.
-    TwoShot,
-    /// A ring per axis of a 2-D grid: the topology's slice shape when it
-    /// has P devices, else the most balanced factorization of P.
-    TwoLevel,
+crate::choice_enum! {
+    /// Which reduce algorithm `--algorithm` asks for.
+    pub enum AlgorithmOption {
+        /// The time model picks per op among those that apply.
+        Auto = "auto",
+        /// The paper's ring: P−1 requantizing hops.
+        Ring = "ring",
+        /// Quantize once, one all-to-all, the owner sums in f32.
+        TwoShot = "two-shot",
+        /// A ring per axis of a 2-D grid: the topology's slice shape when
+        /// it has P devices, else the most balanced factorization of P.
+        TwoLevel = "two-level",
+    }
 }
 
-/// Whether `--rotation` rotates blocks before quantizing.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum RotationOption {
-    /// Hadamard wherever the time model says it costs at most 5 % (and
-    /// the block size is a power of two).
-    #[default]
-    Auto,
-    None,
-    Hadamard,
+crate::choice_enum! {
+    /// Whether `--rotation` rotates blocks before quantizing.
+    pub enum RotationOption {
+        /// Hadamard wherever the time model says it costs at most 5 % (and
+        /// the block size is a power of two).
+        Auto = "auto",
+        /// Never rotate.
+        None = "none",
+        /// Always rotate.
+        Hadamard = "hadamard",
+    }
 }
 
-/// Whether the emitted ops are outlined into loop fusions.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum FuseMode {
-    /// When the module already holds fusions (the compiler's fusion pass
-    /// has run, as at XLA's pre-scheduler hook); not before.
-    #[default]
-    Auto,
-    /// Always: for a pass position after fusion in a module without any.
-    On,
-    /// Never: leave fusion to the compiler.
-    Off,
+crate::choice_enum! {
+    /// Whether the emitted ops are outlined into loop fusions.
+    pub enum FuseMode {
+        /// When the module already holds fusions (the compiler's fusion
+        /// pass has run, as at XLA's pre-scheduler hook); not before.
+        Auto = "auto",
+        /// Always: for a pass position after fusion in a module without any.
+        On = "on",
+        /// Never: leave fusion to the compiler.
+        Off = "off",
+    }
 }
 
 /// The pass's options.

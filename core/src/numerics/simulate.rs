@@ -48,21 +48,21 @@ impl Rng {
     }
 }
 
-/// Synthetic per-device inputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Distribution {
-    /// Standard normal.
-    Gaussian,
-    /// Student's t with 3 degrees of freedom: occasional large values
-    /// anywhere.
-    HeavyTailed,
-    /// LLM activations: Gaussian with a few channels (1 in 64 of the last
-    /// dimension, the same on every device) 100× larger.
-    LlmActivations,
-    /// Gaussian with 0.1 % of the values, drawn at random on each device,
-    /// 100× larger.
-    Outliers,
+crate::choice_enum! {
+    /// Synthetic per-device inputs.
+    pub enum Distribution {
+        /// Standard normal.
+        Gaussian = "gaussian",
+        /// Student's t with 3 degrees of freedom: occasional large values
+        /// anywhere.
+        HeavyTailed = "heavy-tailed",
+        /// LLM activations: Gaussian with a few channels (1 in 64 of the
+        /// last dimension, the same on every device) 100× larger.
+        LlmActivations = "llm-activations",
+        /// Gaussian with 0.1 % of the values, drawn at random on each
+        /// device, 100× larger.
+        Outliers = "outliers",
+    }
 }
 
 impl Distribution {
@@ -409,15 +409,17 @@ pub struct SweepRow {
     pub wire_ratio: f64,
 }
 
-/// Which reduce algorithms to sweep, resolved per group size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AlgorithmChoice {
-    Ring,
-    TwoShot,
-    /// The most balanced outer × inner grid of the group (skipped for
-    /// groups of prime size).
-    TwoLevel,
+crate::choice_enum! {
+    /// Which reduce algorithms to sweep, resolved per group size.
+    pub enum AlgorithmChoice {
+        /// The paper's ring.
+        Ring = "ring",
+        /// Quantize once, one all-to-all.
+        TwoShot = "two-shot",
+        /// The most balanced outer × inner grid of the group (skipped for
+        /// groups of prime size).
+        TwoLevel = "two-level",
+    }
 }
 
 impl AlgorithmChoice {

@@ -39,6 +39,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::choice::Choice;
 use crate::passes::quantized_all_reduce::parse_element_types;
 use crate::plan::QuantFormat;
 use crate::proto::PrimitiveType;
@@ -647,27 +648,17 @@ pub fn list(v: &Value) -> Result<Vec<String>, String> {
     }
 }
 
-/// One of an enum's names (the same as its serde and clap names).
-pub fn choice<T: clap::ValueEnum>(v: &Value) -> Result<T, String> {
-    let s = text(v)?;
-    T::value_variants()
-        .iter()
-        .find(|t| t.to_possible_value().is_some_and(|p| p.get_name() == s))
-        .cloned()
-        .ok_or_else(|| format!("\"{s}\" is not one of {}", names::<T>().join(", ")))
+/// One of an enum's names ([`Choice`]).
+pub fn choice<T: Choice>(v: &Value) -> Result<T, String> {
+    T::parse(&text(v)?)
 }
 
-fn names<T: clap::ValueEnum>() -> Vec<String> {
-    T::value_variants()
-        .iter()
-        .filter_map(|t| t.to_possible_value())
-        .map(|p| p.get_name().to_string())
-        .collect()
+fn names<T: Choice>() -> Vec<String> {
+    T::names().into_iter().map(String::from).collect()
 }
 
-fn name_of<T: clap::ValueEnum>(t: T) -> String {
-    t.to_possible_value()
-        .map_or_else(String::new, |p| p.get_name().to_string())
+fn name_of<T: Choice>(t: T) -> String {
+    t.name().to_string()
 }
 
 fn type_name(t: PrimitiveType) -> &'static str {
@@ -768,49 +759,6 @@ pub fn markdown_key_list() -> String {
         );
     }
     out
-}
-
-// ---- The command line. ----
-
-/// The flags of every option, for a clap command.
-pub fn clap_args() -> Vec<clap::Arg> {
-    OPTIONS
-        .iter()
-        .map(|o| {
-            let mut help = format!("{} [default: {}]", o.help, o.default_text());
-            if let Syntax::Choice(names) = o.syntax {
-                let _ = write!(help, " [possible values: {}]", names().join(", "));
-            }
-            let mut arg = clap::Arg::new(o.name)
-                .long(o.flag())
-                .value_name(o.syntax.placeholder())
-                .help(help)
-                .help_heading("Pass options");
-            for a in o.aliases {
-                arg = arg.visible_alias(a.replace('_', "-"));
-            }
-            match o.syntax {
-                Syntax::Bool => arg
-                    .num_args(0..=1)
-                    .default_missing_value("true")
-                    .action(clap::ArgAction::Set),
-                Syntax::List(_) => arg.action(clap::ArgAction::Append),
-                _ => arg.action(clap::ArgAction::Set),
-            }
-        })
-        .collect()
-}
-
-/// The options given on a command line built with [`clap_args`]: their
-/// names and texts, in table order (a repeated list flag joins with `,`).
-pub fn given_in(m: &clap::ArgMatches) -> Vec<(&'static str, String)> {
-    OPTIONS
-        .iter()
-        .filter_map(|o| {
-            let values: Vec<String> = m.get_many::<String>(o.name)?.cloned().collect();
-            Some((o.name, values.join(",")))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -12,3 +12,14 @@ pub struct DeviceCounts {
     pub replica_count: Option<i64>,
     pub num_partitions: Option<i64>,
 }
+
+impl DeviceCounts {
+    /// These counts, with every count `over` sets taking its place (the
+    /// caller's options over what the module says).
+    pub fn overridden_by(self, over: DeviceCounts) -> DeviceCounts {
+        DeviceCounts {
+            replica_count: over.replica_count.or(self.replica_count),
+            num_partitions: over.num_partitions.or(self.num_partitions),
+        }
+    }
+}

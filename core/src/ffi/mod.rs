@@ -73,7 +73,7 @@ pub fn rewrite_bytes(
     let report_json = serde_json::to_string(&result.report)
         .map_err(|e| DoorError::Internal(format!("report JSON: {e}")))?;
     let module = if result.changed {
-        Some(loaded.encode(&result.module, None, loaded.gzip)?)
+        Some(loaded.encode(&result.module, None, loaded.gzip, &result.counts)?)
     } else {
         None
     };

@@ -21,18 +21,18 @@ use prost_reflect::{DescriptorPool, Kind, MessageDescriptor};
 
 use crate::proto::{HloModuleProto, HloModuleProtoWithConfig, HloProto};
 
-/// The containers equarx reads and writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Format {
-    /// A bare `HloModuleProto` (JAX, the PJRT transform hook).
-    Module,
-    /// An `HloProto` wrapper (`--xla_dump_hlo_as_proto`, `*.hlo.pb`).
-    HloProto,
-    /// An `HloModuleProtoWithConfig` (module plus its config).
-    WithConfig,
-    /// HLO text, as XLA prints it.
-    Text,
+crate::choice_enum! {
+    /// The containers equarx reads and writes.
+    pub enum Format {
+        /// A bare `HloModuleProto` (JAX, the PJRT transform hook).
+        Module = "module",
+        /// An `HloProto` wrapper (`--xla_dump_hlo_as_proto`, `*.hlo.pb`).
+        HloProto = "hlo-proto",
+        /// An `HloModuleProtoWithConfig` (module plus its config).
+        WithConfig = "with-config",
+        /// HLO text, as XLA prints it.
+        Text = "text",
+    }
 }
 
 impl Format {
@@ -213,11 +213,14 @@ impl Loaded {
 
     /// Encodes `module` in `format` (its own container when `None`); binary
     /// formats other than the input's own lose nothing but the wrapper.
+    /// Text names `counts` in its header (a rewrite's counts:
+    /// [`crate::Rewritten::counts`], which options may have set).
     pub fn encode(
         &self,
         module: &HloModuleProto,
         format: Option<Format>,
         gzip: bool,
+        counts: &DeviceCounts,
     ) -> Result<Vec<u8>, FormatError> {
         let format = format.unwrap_or(self.format);
         let bytes = match format {
@@ -239,7 +242,7 @@ impl Loaded {
                 w.encode_to_vec()
             }
             Format::Text => {
-                let text = crate::text::print_module(module, &self.counts)
+                let text = crate::text::print_module(module, counts)
                     .map_err(|e| FormatError::Text(e.to_string()))?;
                 text.into_bytes()
             }

@@ -5,8 +5,7 @@
 //! rewrite it, with [`verify`] after each → [`io`] / [`text`] write it out.
 //! The front doors (CLI, C ABI, cxx bridge, Python) all call [`rewrite`].
 
-pub mod analyze;
-pub mod charts;
+pub mod choice;
 pub mod cost;
 pub mod ffi;
 pub mod io;
@@ -15,7 +14,6 @@ pub mod numerics;
 pub mod options;
 pub mod passes;
 pub mod plan;
-pub mod plot;
 pub mod proto;
 pub mod text;
 pub mod verify;
@@ -64,6 +62,9 @@ pub struct Rewritten {
     /// One entry per all-reduce of the module.
     pub report: Vec<OpReport>,
     pub passes: Vec<PassRun>,
+    /// The device counts the module runs with: the module's, with the
+    /// options' overrides (what a text output's header names).
+    pub counts: DeviceCounts,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,13 +92,7 @@ pub fn rewrite_with(
     options: &RewriteOptions,
     pipeline: &mut Pipeline,
 ) -> Result<Rewritten, Error> {
-    let counts = DeviceCounts {
-        replica_count: options.counts.replica_count.or(module_counts.replica_count),
-        num_partitions: options
-            .counts
-            .num_partitions
-            .or(module_counts.num_partitions),
-    };
+    let counts = module_counts.overridden_by(options.counts);
     let mut pass = QuantizedAllReduce::new(options.pass.clone(), counts).map_err(Error::Options)?;
     for name in &options.disabled_passes {
         pipeline.disable(name);
@@ -110,5 +105,6 @@ pub fn rewrite_with(
         changed,
         report: pass.into_report(),
         passes,
+        counts,
     })
 }

@@ -1,0 +1,97 @@
+//! `equarx model`: the time model's predictions over message sizes on a
+//! named topology (a model from public figures, not a measurement).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use equarx::Options;
+use equarx::plan::Rotation;
+
+use crate::args::PassArgs;
+use crate::tables::{Align, Columns, human_bytes};
+use crate::{charts, say, say_raw};
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// Group size P.
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// Message sizes (bf16 payload), e.g. 64KiB,1MiB,16MiB.
+    #[arg(long, value_delimiter = ',', value_parser = equarx::options::parse_bytes,
+          default_value = "16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB")]
+    sizes: Vec<u64>,
+    /// Also write a chart of the predicted speedup over message size for
+    /// every known topology (SVG).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    #[command(flatten)]
+    pass: PassArgs,
+}
+
+pub fn run(a: ModelArgs) -> Result<()> {
+    let o = a.pass.options()?.pass;
+    let topology = o.topology.clone();
+    if let Some(path) = &a.plot {
+        plot_speedups(&a, &o, path)?;
+    }
+    if a.group_size < 2 {
+        bail!("--group-size must be at least 2");
+    }
+    say!(
+        "model (not a measurement): {}, P = {}, {}",
+        topology.name,
+        a.group_size,
+        topology.source
+    );
+    say!(
+        "ring bandwidth per device: bf16 {:.0} GB/s, equarx {:.0} GB/s{}; step latency {} us",
+        topology.ring_gbps(true),
+        topology.ring_gbps(o.bidirectional),
+        if topology.wraparound {
+            ""
+        } else {
+            " (no wraparound: halved)"
+        },
+        topology.step_latency_us
+    );
+    use Align::{Left, Right};
+    let mut t = Columns::new(&[
+        ("bf16 size", Right),
+        ("bf16 us", Right),
+        ("equarx us", Right),
+        ("compute us", Right),
+        ("speedup", Right),
+        ("rel.err", Right),
+        ("plan", Left),
+    ]);
+    for &bytes in &a.sizes {
+        let (plan, p) =
+            equarx::passes::quantized_all_reduce::model_bf16(a.group_size, bytes, &o, &topology)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let rotation = match plan.config.rotation {
+            Rotation::Hadamard => " + hadamard",
+            Rotation::None => "",
+        };
+        t.row(vec![
+            human_bytes(bytes),
+            format!("{:.1}", p.bf16_us),
+            format!("{:.1}", p.equarx_us),
+            format!("{:.1}", p.compute_us),
+            format!("{:.2}x", p.speedup()),
+            format!(
+                "{:.2}%",
+                100.0 * equarx::numerics::error::predicted_rel_rms(&plan, 7)
+            ),
+            format!("{}{rotation}", plan.config.algorithm),
+        ]);
+    }
+    say_raw!("{}", t.render());
+    Ok(())
+}
+
+fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
+    let svg = charts::speedup_chart(&a.sizes, a.group_size, options).map_err(anyhow::Error::msg)?;
+    charts::write_svg(path, &svg)
+}
