@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::super::assembly::Instr;
+use super::super::instruction::Instr;
 use super::super::{Failure, Parser, Res};
 use crate::proto::{
     ConvolutionDimensionNumbers, DotDimensionNumbers, HloInstructionProto, Window, WindowDimension,

@@ -17,7 +17,8 @@ mod dimension_numbers;
 mod metadata;
 mod sharding;
 
-use super::assembly::{CompText, Instr};
+use super::computation::CompText;
+use super::instruction::Instr;
 use super::lexer::Tok;
 use super::{Failure, Parser, Res};
 use crate::proto::hlo_instruction_proto::{OptionalCrossProgramPrefetchIndex, SliceDimensions};
