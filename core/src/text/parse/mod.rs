@@ -60,18 +60,24 @@
 //! is bounded ([`MAX_DEPTH`]), so malformed input gives an error, never a
 //! panic.
 //!
-//! The files follow the grammar: [`lexer`] makes the tokens, [`assembly`]
-//! reads the module, its stack-frame table, computations and instructions
-//! and puts the proto together, [`attributes`] reads instruction attributes
-//! and their values, [`shapes`] and [`literals`] what their names say. This
-//! file holds the entry point, the errors and the token-level reads every
-//! part shares.
+//! The files follow the grammar: [`lexer`] makes the tokens, [`module`]
+//! reads the header and the stack-frame table, [`computation`],
+//! [`instruction`], [`shapes`] and [`literals`] what their names say,
+//! [`attributes`] the instruction attributes and their values (one file per
+//! attribute family), and [`assembly`] puts the proto together (names
+//! resolved, computations ordered callees first). This file holds the entry
+//! point, the errors and the token-level reads every part shares.
 
 mod assembly;
 mod attributes;
+mod computation;
+mod instruction;
 mod lexer;
 mod literals;
+mod module;
 mod shapes;
+
+use std::collections::HashSet;
 
 use super::{ParseError, ParsedText};
 use lexer::{Lexer, Tok, Token};
@@ -346,6 +352,32 @@ impl<'a> Parser<'a> {
     /// `{{1,2},{3}}`.
     fn int_list_list(&mut self, what: &str) -> Res<Vec<Vec<i64>>> {
         self.list('{', '}', what, |p| p.int_list(what))
+    }
+
+    /// `{ key=value ... }` with optional commas between entries; `f` reads
+    /// each value. Duplicate keys are errors.
+    fn sub_attributes(
+        &mut self,
+        what: &str,
+        mut f: impl FnMut(&mut Self, &str, usize) -> Res<()>,
+    ) -> Res<()> {
+        self.expect_sym('{', &format!("to start {what}"))?;
+        let mut seen = HashSet::new();
+        loop {
+            self.eat_sym(',')?;
+            if self.eat_sym('}')? {
+                return Ok(());
+            }
+            let (key, at) = self.ident(&format!("a field of {what} or '}}'"))?;
+            self.expect_sym('=', &format!("after '{key}'"))?;
+            if !seen.insert(key.clone()) {
+                return Err(Failure::new(
+                    at,
+                    format!("duplicate field '{key}' in {what}"),
+                ));
+            }
+            f(self, &key, at)?;
+        }
     }
 
     fn enter(&mut self) -> Res<()> {
