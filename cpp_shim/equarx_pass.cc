@@ -58,6 +58,11 @@ absl::StatusOr<bool> EquarxPass::RunImpl(
       !execution_threads.contains(xla::HloInstruction::kMainExecutionThread)) {
     return false;
   }
+  // XLA's pipeline skips the pass by its name; its old name still works.
+  for (const std::string& disabled :
+       module->config().debug_options().xla_disable_hlo_passes()) {
+    if (disabled == kOldName) return false;
+  }
   std::string bytes;
   if (!module->ToProto().SerializeToString(&bytes)) {
     return absl::InternalError(

@@ -1,18 +1,24 @@
 // equarx_pass.h — EQuARX as an xla::HloModulePass.
 //
-// Rewrites eligible sum all-reduces (bf16 by default) into a ring of int8
-// collective-permutes with block-wise dynamic quantization; the wire carries
-// about one byte per element instead of two.
+// Rewrites eligible collectives (bf16 by default): sum all-reduces,
+// reduce-scatters, all-gathers and all-to-alls become block-wise dynamically
+// quantized transfers of int8, fp8 or int4 codes with f32 accumulation; the
+// wire carries about one byte per element instead of two, or half a byte.
+// Per op the pass picks the algorithm (ring, two-shot, two-level) and
+// whether to Hadamard-rotate the blocks first. The ring, for example:
 //
 //   before                               after (one lane, P ranks)
 //
 //   y = bf16[S] all-reduce(x),           q  = s8[...] quantize(own chunk)
-//       to_apply=add                     ┌ P-1 times (reduce-scatter):
+//       to_apply=add                     ┌ while s < P-1 (reduce-scatter):
 //                                        │ q' = s8[...] collective-permute(q)
 //                                        │ q  = quantize(dequantize(q') + own)
 //                                        └
 //                                        g  = s8[P,...] all-gather(q)
 //                                        y' = bf16[S] dequantize(g)
+//
+// two-shot: every chunk quantized once, one all-to-all, the owner sums in
+// f32, quantizes once more, all-gather; every rank dequantizes the same codes.
 //
 // The pass serializes the module, hands it to equarx (Rust, through the cxx
 // bridge), and, when something changed, rebuilds the module from the
@@ -43,7 +49,7 @@
 namespace equarx {
 
 // The pass's options, as names and values in equarx's one option list
-// (src/options.rs; `equarx rewrite --help`, the README's "Options" and
+// (core/src/options/schema.rs; `equarx rewrite --help`, the README's "Options" and
 // cpp_shim/README.md list them). A value is written as on equarx's command
 // line: `--block-size 32` is Set("block_size", 32), `--types bf16,f32` is
 // Set("types", "bf16,f32"). Options not set keep equarx's defaults;
@@ -87,9 +93,12 @@ class EquarxPass : public xla::HloModulePass {
   explicit EquarxPass(EquarxPassOptions options = {})
       : options_(std::move(options)) {}
 
-  absl::string_view name() const override {
-    return "equarx-quantized-all-reduce";
-  }
+  // The pass's name in XLA's pipeline (--xla_disable_hlo_passes takes it,
+  // or kOldName, the name of the pass before it rewrote more than
+  // all-reduces).
+  absl::string_view name() const override { return kName; }
+  static constexpr absl::string_view kName = "equarx-quantize-collectives";
+  static constexpr absl::string_view kOldName = "equarx-quantized-all-reduce";
 
   // The report of the last run: a JSON array, one object per all-reduce
   // (decision, reason, group size, wire bytes before/after, predicted

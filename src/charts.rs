@@ -6,9 +6,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use equarx::Options;
 use equarx::cost::{self, Topology};
 use equarx::numerics::simulate::SweepRow;
-use equarx::passes::quantized_all_reduce::{Options, model_bf16};
+
+use crate::model::model_bf16;
 
 use crate::plot::{Chart, Series, svg};
 

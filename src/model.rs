@@ -7,7 +7,11 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use equarx::Options;
+use equarx::cost::{Prediction, Topology, predict};
+use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
+use equarx::passes::quantize_collectives::report::SkipReason;
 use equarx::plan::Rotation;
+use equarx::plan::{Collective, Plan};
 
 use crate::args::PassArgs;
 use crate::tables::{Align, Columns, human_bytes};
@@ -68,8 +72,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
     ]);
     for &bytes in &a.sizes {
         let (plan, p) =
-            equarx::passes::quantized_all_reduce::model_bf16(a.group_size, bytes, &o, &topology)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            model_bf16(a.group_size, bytes, &o, &topology).map_err(|e| anyhow::anyhow!("{e}"))?;
         let rotation = match plan.config.rotation {
             Rotation::Hadamard => " + hadamard",
             Rotation::None => "",
@@ -94,4 +97,29 @@ pub fn run(a: ModelArgs) -> Result<()> {
 fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
     let svg = charts::speedup_chart(&a.sizes, a.group_size, options).map_err(anyhow::Error::msg)?;
     charts::write_svg(path, &svg)
+}
+
+/// The plan the pass chooses for a bf16 all-reduce of `bytes` over `p`
+/// ranks on topology `t` (the rewrite forced, so a plan comes back even
+/// where it would not pay), and its predicted times: this command's rows.
+pub fn model_bf16(
+    p: usize,
+    bytes: u64,
+    options: &Options,
+    t: &Topology,
+) -> Result<(Plan, Prediction), SkipReason> {
+    let options = Options {
+        topology: t.clone(),
+        ..options.clone()
+    };
+    let payload = Payload {
+        collective: Collective::AllReduce,
+        elements: (bytes / 2) as usize,
+        row: None,
+        bytes,
+        mantissa_bits: 7,
+    };
+    let choice = choose_plan(p, &payload, true, &options)?;
+    let prediction = predict(t, &choice.plan, bytes, 2.0);
+    Ok((choice.plan, prediction))
 }

@@ -8,7 +8,7 @@ use clap::Args;
 
 use equarx::ScaleType;
 use equarx::numerics::simulate::{self, Distribution};
-use equarx::plan::{QuantFormat, Rotation};
+use equarx::plan::{Algorithm, QuantFormat, Rotation};
 
 use crate::args::choice;
 use crate::tables::{Align, Columns};
@@ -27,11 +27,11 @@ pub struct SimulateArgs {
     /// Reduce algorithms (two-level: the most balanced grid of each P).
     #[arg(
         long,
-        value_parser = choice::<simulate::AlgorithmChoice>(),
+        value_parser = choice::<Algorithm>(),
         value_delimiter = ',',
         default_value = "ring,two-shot,two-level"
     )]
-    algorithms: Vec<simulate::AlgorithmChoice>,
+    algorithms: Vec<Algorithm>,
     /// Rotations: none, hadamard (power-of-two block sizes only).
     #[arg(
         long,

@@ -4,9 +4,9 @@
 
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 
-use equarx::OpReport;
-use equarx::passes::quantized_all_reduce::PlanSummary;
+use equarx::passes::quantize_collectives::report::PlanSummary;
 use equarx::plan::{Form, Rotation};
+use equarx::{OpReport, Stage};
 
 /// How a column's cells line up.
 #[derive(Clone, Copy)]
@@ -49,8 +49,9 @@ impl Columns {
     }
 }
 
-/// `--report`: every collective's decision, plan, bytes and predictions.
-pub fn report(report: &[OpReport]) -> String {
+/// `--report`: every collective's decision, plan, bytes and predictions,
+/// and the pipeline stage the module was taken to be at.
+pub fn report(report: &[OpReport], stage: Stage) -> String {
     use Align::{Left, Right};
     let mut t = Columns::new(&[
         ("collective", Left),
@@ -70,11 +71,11 @@ pub fn report(report: &[OpReport]) -> String {
     for r in report {
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         t.row(vec![
-            r.name.clone(),
-            r.opcode.clone(),
-            r.shape.clone(),
-            r.group_size.map_or("-".into(), |p| p.to_string()),
-            r.mode.clone(),
+            r.op.name.clone(),
+            r.op.opcode.clone(),
+            r.op.shape.clone(),
+            r.op.group_size.map_or("-".into(), |p| p.to_string()),
+            r.op.mode.clone(),
             r.plan.as_ref().map_or("-".into(), plan_cell),
             if r.rewritten { "rewritten" } else { "skipped" }.into(),
             opt(r.wire_bytes_before),
@@ -90,8 +91,8 @@ pub fn report(report: &[OpReport]) -> String {
     }
     let rewritten = report.iter().filter(|r| r.rewritten).count();
     format!(
-        "{}{rewritten} of {} collectives rewritten (model: the time model's speedup on \
-         --topology, a model, not a measurement)\n",
+        "{}{rewritten} of {} collectives rewritten, the module taken to be {stage} (--stage); \
+         model: the time model's speedup on --topology, a model, not a measurement\n",
         t.render(),
         report.len()
     )

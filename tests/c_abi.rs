@@ -65,8 +65,12 @@ fn c_program_uses_the_c_abi() {
             .arg(repo().join("cpp_shim/include/equarx.h")),
         &format!("compiling equarx.h as C++ with {cxx}"),
     );
+    // The runpath names the library built with this test run; the test
+    // runner's LD_LIBRARY_PATH (nextest puts target/<profile> on it, where
+    // an older uplifted copy may lie) must not win over it.
     let out = doors::run(
         Command::new(&exe)
+            .env("LD_LIBRARY_PATH", lib_dir)
             .arg(repo().join("tests/fixtures"))
             .arg(env!("CARGO_PKG_VERSION")),
         "the C test program",

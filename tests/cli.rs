@@ -167,8 +167,12 @@ fn stdin_in_and_dumps_on_request() {
     assert_eq!(
         dumps,
         [
-            "00.quantized-all-reduce.before.txt",
-            "01.quantized-all-reduce.after.txt"
+            "00.quantize-collectives.before.txt",
+            "01.quantize-collectives.after.txt",
+            "02.remove-dead-widenings.before.txt",
+            "03.remove-dead-widenings.after.txt",
+            "04.outline-fusions.before.txt",
+            "05.outline-fusions.after.txt",
         ]
     );
 }

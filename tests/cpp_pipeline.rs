@@ -1,7 +1,7 @@
 //! The C++ door against real XLA: `cpp_shim/equarx_pass.cc` (an
 //! `xla::HloModulePass` calling equarx through the cxx bridge) runs inside
 //! an `xla::HloPassPipeline` with `xla::HloVerifier` as invariant checker,
-//! over the fixtures. Every option of equarx's one list (`src/options.rs`)
+//! over the fixtures. Every option of equarx's one list (`core/src/options/schema.rs`)
 //! goes through `EquarxPassOptions::Set` too: its example is accepted, its
 //! refused value and an unknown name fail the pipeline (and `Check()`) with
 //! the library's own message.
@@ -312,7 +312,7 @@ fn cases() -> Vec<Case> {
             ..case("psum_bf16_p8.pb", "error", "block_size=0")
         },
     ];
-    // Every option of equarx's one list (src/options.rs): its example is
+    // Every option of equarx's one list (core/src/options/schema.rs): its example is
     // accepted, its refused value fails the pipeline with the message the
     // library gives, and so does a name that is no option.
     let library_error = |name: &str, value: &str| {

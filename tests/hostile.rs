@@ -556,7 +556,7 @@ fn cases() -> Vec<Case> {
                 replica_count: Some(-3),
                 ..Opts::default()
             },
-            Expect::Error("replica_count must be at least 1"),
+            Expect::Error("replica_count: must be at least 1"),
         ),
         with(
             "num_partitions_negative",
@@ -564,7 +564,7 @@ fn cases() -> Vec<Case> {
                 num_partitions: Some(-1),
                 ..Opts::default()
             },
-            Expect::Error("num_partitions must be at least 1"),
+            Expect::Error("num_partitions: must be at least 1"),
         ),
         with(
             "integer_type_enabled",
@@ -746,7 +746,7 @@ fn hostile_input_gets_a_clean_answer_through_every_door() {
             judge(c, "bridge", &a, &mut failures);
         }
         let cli_answer = cli(c, &dir);
-        // Option values reach equarx's own parser (src/options.rs), as at
+        // Option values reach equarx's own parser (core/src/options/schema.rs), as at
         // every other door; clap's exit 2 is for malformed command lines.
         judge(c, "CLI", &cli_answer, &mut failures);
         let input = dir.join(c.name).join("input.bin");

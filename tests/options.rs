@@ -1,4 +1,4 @@
-//! One list of options (`src/options.rs`), every door: each option's
+//! One list of options (`core/src/options/schema.rs`), every door: each option's
 //! example is accepted and its refused value is refused with the library's
 //! own message, and so is a name that is no option, through the CLI, the C
 //! ABI, the cxx bridge (what the C++ pass calls) and the Python package;
@@ -323,7 +323,7 @@ fn generated_block(path: &str, begin: &str, end: &str, generated: &str, stale: &
         println!("rewrote {path}");
     } else {
         stale.push(format!(
-            "{path}: the options block is not what src/options.rs makes; run \
+            "{path}: the options block is not what core/src/options/schema.rs makes; run \
              `EQUARX_BLESS=1 cargo test --test options` and review the diff\n--- in the file\n{}\
              --- generated\n{generated}",
             &text[body_start..body_end]
@@ -333,7 +333,7 @@ fn generated_block(path: &str, begin: &str, end: &str, generated: &str, stale: &
 
 #[test]
 fn docs_are_made_from_the_option_list() {
-    let begin = "BEGIN options: made from src/options.rs";
+    let begin = "BEGIN options: made from core/src/options/schema.rs";
     let mut stale = Vec::new();
     generated_block(
         "README.md",

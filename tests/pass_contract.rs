@@ -77,7 +77,7 @@ fn rewrites_of_every_fixture_keep_the_contract() {
             .report
             .iter()
             .filter(|r| r.rewritten)
-            .map(|r| r.name.as_str())
+            .map(|r| r.op.name.as_str())
             .collect();
         // The scalar reducers the ring calls (equarx_max_f32, equarx_or_s32).
         let reducer_instrs: HashSet<i64> = first

@@ -96,7 +96,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let options = c.rewrite_options();
     let r = equarx::rewrite(input.clone(), parsed.counts, &options)
         .map_err(|e| TestCaseError::fail(format!("rewrite failed: {e}\n{}", c.hlo())))?;
-    let report: BTreeMap<&str, &OpReport> = r.report.iter().map(|o| (o.name.as_str(), o)).collect();
+    let report: BTreeMap<&str, &OpReport> =
+        r.report.iter().map(|o| (o.op.name.as_str(), o)).collect();
     let ar = report["ar"];
     let expected = c.expected();
     prop_assert_eq!(
@@ -115,10 +116,10 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     // Whatever is not rewritten is untouched.
     for o in r.report.iter().filter(|o| !o.rewritten) {
         prop_assert_eq!(
-            by_name(&r.module, &o.name),
-            by_name(&input, &o.name),
+            by_name(&r.module, &o.op.name),
+            by_name(&input, &o.op.name),
             "{} changed without being rewritten",
-            &o.name
+            &o.op.name
         );
     }
     if !r.changed {

@@ -13,10 +13,11 @@ use common::modules::{
 };
 use common::{run_xla, scratch};
 use equarx::io::DeviceCounts;
+use equarx::plan::{Algorithm, Rotation};
 use equarx::plan::{Collective, QuantFormat};
 use equarx::proto::{HloModuleProto, PrimitiveType};
 use equarx::text::{PrintOptions, print_module_with};
-use equarx::{AlgorithmOption, FuseMode, GatherForm, RewriteOptions, RotationOption, ScaleType};
+use equarx::{FuseMode, GatherForm, RewriteOptions, ScaleType};
 use serde_json::json;
 
 struct Case {
@@ -133,17 +134,17 @@ fn positives() -> Vec<Case> {
         case(
             "two_shot",
             p8(),
-            opts(|o| o.algorithm = AlgorithmOption::TwoShot),
+            opts(|o| o.algorithm = Some(Algorithm::TwoShot)),
         ),
         case(
             "two_level",
             p8(),
-            opts(|o| o.algorithm = AlgorithmOption::TwoLevel),
+            opts(|o| o.algorithm = Some(Algorithm::TwoLevel)),
         ),
         case(
             "hadamard",
             p8(),
-            opts(|o| o.rotation = RotationOption::Hadamard),
+            opts(|o| o.rotation = Some(Rotation::Hadamard)),
         ),
         // The other collectives: reduce-scatter by the ring, all-gather,
         // all-to-all (array, along an inner dimension, and tuple).
@@ -302,7 +303,7 @@ fn negatives() -> Vec<(Case, &'static str)> {
             case(
                 "two_level_without_a_grid",
                 load("psum_bf16_2x4_strided.pb"),
-                opts(|o| o.algorithm = AlgorithmOption::TwoLevel),
+                opts(|o| o.algorithm = Some(Algorithm::TwoLevel)),
             ),
             "has none",
         ),

@@ -15,9 +15,10 @@ mod common;
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
 use equarx::numerics::error::rel_rms_with_crest;
 use equarx::numerics::simulate;
+use equarx::plan::{Algorithm, Rotation};
 use equarx::plan::{Collective, Plan, QuantFormat};
 use equarx::proto::HloModuleProto;
-use equarx::{AlgorithmOption, DeviceCounts, GatherForm, Options, RewriteOptions, RotationOption};
+use equarx::{DeviceCounts, GatherForm, Options, RewriteOptions};
 use prost::Message;
 use serde_json::json;
 
@@ -285,15 +286,15 @@ fn cases() -> Vec<Case> {
     type Edit = fn(&mut Options);
     let variants: [(&str, Edit); 6] = [
         ("ring", |o| {
-            (o.algorithm, o.rotation) = (AlgorithmOption::Ring, RotationOption::None)
+            (o.algorithm, o.rotation) = (Some(Algorithm::Ring), Some(Rotation::None))
         }),
-        ("two_shot", |o| o.algorithm = AlgorithmOption::TwoShot),
-        ("two_level", |o| o.algorithm = AlgorithmOption::TwoLevel),
+        ("two_shot", |o| o.algorithm = Some(Algorithm::TwoShot)),
+        ("two_level", |o| o.algorithm = Some(Algorithm::TwoLevel)),
         ("unrolled", |o| {
-            (o.algorithm, o.unroll) = (AlgorithmOption::Ring, true)
+            (o.algorithm, o.unroll) = (Some(Algorithm::Ring), true)
         }),
-        ("hadamard", |o| o.rotation = RotationOption::Hadamard),
-        ("norot", |o| o.rotation = RotationOption::None),
+        ("hadamard", |o| o.rotation = Some(Rotation::Hadamard)),
+        ("norot", |o| o.rotation = Some(Rotation::None)),
     ];
     for (suffix, edit) in variants {
         let mut c = case(
@@ -311,25 +312,25 @@ fn cases() -> Vec<Case> {
             "ag_hadamard",
             Collective::AllGather,
             [16i64, 512],
-            RotationOption::Hadamard,
+            Some(Rotation::Hadamard),
         ),
         (
             "a2a_hadamard",
             Collective::AllToAll,
             [64, 512],
-            RotationOption::Hadamard,
+            Some(Rotation::Hadamard),
         ),
         (
             "ag_norot",
             Collective::AllGather,
             [16i64, 512],
-            RotationOption::None,
+            Some(Rotation::None),
         ),
         (
             "a2a_norot",
             Collective::AllToAll,
             [64, 512],
-            RotationOption::None,
+            Some(Rotation::None),
         ),
     ] {
         let mut c = case(name, collective, &dims, Some(0), Groups::All);

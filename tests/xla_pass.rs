@@ -22,10 +22,9 @@ use equarx::numerics::error::{format_rel_rms, rel_rms_with_crest};
 use equarx::numerics::simulate;
 use equarx::plan::Plan;
 use equarx::plan::QuantFormat;
+use equarx::plan::{Algorithm, Rotation};
 use equarx::proto::{HloInstructionProto, HloModuleProto, OpSharding};
-use equarx::{
-    AlgorithmOption, DeviceCounts, GatherForm, Options, RewriteOptions, RotationOption, ScaleType,
-};
+use equarx::{DeviceCounts, GatherForm, Options, RewriteOptions, ScaleType};
 use prost::Message;
 use serde_json::{Value, json};
 
@@ -367,7 +366,7 @@ fn cases() -> Vec<Case> {
     let mut sp = program(
         "sp_mlp",
         "sp_mlp/sp_mlp.pb",
-        opts(|o| (o.algorithm, o.rotation) = (AlgorithmOption::Auto, RotationOption::Auto)),
+        opts(|o| (o.algorithm, o.rotation) = (None, None)),
         chained(2.0, 8),
     );
     sp.goal = Some((Data::Gaussian, 0.025));
@@ -390,23 +389,23 @@ fn cases() -> Vec<Case> {
     // Every algorithm, with and without rotation, over the group modes and
     // the hosts (while body, conditional branch, async pair, tuple, fused
     // module, programs).
-    let algorithms: [(&str, AlgorithmOption, RotationOption); 5] = [
-        ("two_shot", AlgorithmOption::TwoShot, RotationOption::None),
-        ("two_level", AlgorithmOption::TwoLevel, RotationOption::None),
+    let algorithms: [(&str, Option<Algorithm>, Option<Rotation>); 5] = [
+        ("two_shot", Some(Algorithm::TwoShot), Some(Rotation::None)),
+        ("two_level", Some(Algorithm::TwoLevel), Some(Rotation::None)),
         (
             "ring_hadamard",
-            AlgorithmOption::Ring,
-            RotationOption::Hadamard,
+            Some(Algorithm::Ring),
+            Some(Rotation::Hadamard),
         ),
         (
             "two_shot_hadamard",
-            AlgorithmOption::TwoShot,
-            RotationOption::Hadamard,
+            Some(Algorithm::TwoShot),
+            Some(Rotation::Hadamard),
         ),
         (
             "two_level_hadamard",
-            AlgorithmOption::TwoLevel,
-            RotationOption::Hadamard,
+            Some(Algorithm::TwoLevel),
+            Some(Rotation::Hadamard),
         ),
     ];
     let hosts = [
@@ -435,7 +434,7 @@ fn cases() -> Vec<Case> {
         for (suffix, algorithm, rotation) in algorithms {
             // A group of 2 has no 2-D grid.
             if ["p2", "mesh_axes_device_ids"].contains(&host)
-                && algorithm == AlgorithmOption::TwoLevel
+                && algorithm == Some(Algorithm::TwoLevel)
             {
                 continue;
             }
@@ -479,7 +478,7 @@ fn cases() -> Vec<Case> {
             &format!("two_shot_hadamard_{suffix}"),
             |o| {
                 (o.algorithm, o.rotation, o.quant_format) =
-                    (AlgorithmOption::TwoShot, RotationOption::Hadamard, format)
+                    (Some(Algorithm::TwoShot), Some(Rotation::Hadamard), format)
             },
         ));
     }

@@ -19,49 +19,28 @@ pub mod text;
 pub mod verify;
 
 pub use ir::DeviceCounts;
-pub use passes::quantized_all_reduce::{
-    AlgorithmOption, FuseMode, GatherForm, OpReport, Options, RotationOption, ScaleType,
-};
+pub use options::{FuseMode, Options, RewriteOptions};
+pub use passes::Stage;
+pub use passes::quantize_collectives::report::OpReport;
+pub use plan::{GatherForm, ScaleType};
 
-use passes::quantized_all_reduce::QuantizedAllReduce;
+use passes::outline_fusions::OutlineFusions;
+use passes::quantize_collectives::QuantizeCollectives;
+use passes::remove_dead_widenings::RemoveDeadWidenings;
 use passes::{Pass, PassRun, Pipeline, PipelineError};
 use proto::HloModuleProto;
-
-/// Everything [`rewrite`] needs besides the module. The doors build it
-/// from [`options::OPTIONS`], the one list of options.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RewriteOptions {
-    pub pass: Options,
-    /// Replica / partition counts; a set value overrides what the module says.
-    pub counts: DeviceCounts,
-    /// Pass names to skip.
-    pub disabled_passes: Vec<String>,
-}
-
-impl RewriteOptions {
-    /// The pass's own checks plus the device counts.
-    pub fn validate(&self) -> Result<(), String> {
-        self.pass.validate()?;
-        for (name, v) in [
-            ("replica_count", self.counts.replica_count),
-            ("num_partitions", self.counts.num_partitions),
-        ] {
-            if v.is_some_and(|v| v < 1) {
-                return Err(format!("{name} must be at least 1, is {}", v.unwrap_or(0)));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// The result of [`rewrite`].
 #[derive(Clone, Debug)]
 pub struct Rewritten {
     pub module: HloModuleProto,
     pub changed: bool,
-    /// One entry per all-reduce of the module.
+    /// One entry per collective the pass looked at.
     pub report: Vec<OpReport>,
     pub passes: Vec<PassRun>,
+    /// The stage in XLA's pipeline the module was taken to be at (the
+    /// `stage` option, or detected).
+    pub stage: Stage,
     /// The device counts the module runs with: the module's, with the
     /// options' overrides (what a text output's header names).
     pub counts: DeviceCounts,
@@ -92,19 +71,30 @@ pub fn rewrite_with(
     options: &RewriteOptions,
     pipeline: &mut Pipeline,
 ) -> Result<Rewritten, Error> {
+    options::validate(options).map_err(Error::Options)?;
     let counts = module_counts.overridden_by(options.counts);
-    let mut pass = QuantizedAllReduce::new(options.pass.clone(), counts).map_err(Error::Options)?;
+    let mut m = ir::Module::from_proto(module);
+    let stage = options.pass.stage.unwrap_or_else(|| Stage::detect(&m));
+    let mut quantize = QuantizeCollectives::new(options.pass.clone(), counts, stage);
+    let mut widenings = RemoveDeadWidenings;
+    let mut fusions = OutlineFusions {
+        fuse: options.pass.fuse,
+        stage,
+    };
     for name in &options.disabled_passes {
         pipeline.disable(name);
     }
-    let mut m = ir::Module::from_proto(module);
-    let passes = pipeline.run(&mut m, &mut [&mut pass as &mut dyn Pass])?;
+    let passes = pipeline.run(
+        &mut m,
+        &mut [&mut quantize as &mut dyn Pass, &mut widenings, &mut fusions],
+    )?;
     let changed = passes.iter().any(|p| p.changed);
     Ok(Rewritten {
         module: m.into_proto(),
         changed,
-        report: pass.into_report(),
+        report: quantize.into_report(),
         passes,
+        stage,
         counts,
     })
 }

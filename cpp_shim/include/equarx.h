@@ -20,7 +20,7 @@
  * ("64", "true", "bf16,f32", "1MiB"). The options (name, value, default,
  * what it does):
  *
- * BEGIN options: made from src/options.rs by
+ * BEGIN options: made from core/src/options/schema.rs by
  * `EQUARX_BLESS=1 cargo test --test options`; edit there
  *   block_size  B (default: 64):
  *       Elements per quantization block (B): one scale per block.
@@ -43,12 +43,18 @@
  *       Element types to quantize (bf16, f16, f32). XLA:CPU promotes bf16
  *       all-reduces to f32 before scheduling: use bf16,f32 there.
  *   gather  all-gather|permute (default: all-gather):
- *       How the reduced chunks reach every rank: one all-gather per lane, or
- *       P-1 collective-permute hops round the same ring.
+ *       How the reduced chunks reach every rank: one all-gather, or P-1
+ *       collective-permute hops round the same ring.
  *   fuse  auto|on|off (default: auto):
  *       Outline the emitted quantize / dequantize chains into loop fusions:
- *       auto does when the module already holds fusions (XLA's fusion pass
- *       has run: a dump after optimizations, the pre-scheduler hook).
+ *       auto does when the module is past XLA's fusion (--stage fused, or
+ *       detected: a dump after optimizations, the pre-scheduler hook).
+ *   stage  auto|pre-fusion|fused (default: auto):
+ *       Where in XLA's pipeline the module is: pre-fusion (after SPMD
+ *       partitioning, before fusion) or fused (after XLA's fusion, as at the
+ *       pre-scheduler hook); auto: fused when the module holds a fusion. It
+ *       sets the forms the rewrite emits (the all-to-all's, and whether
+ *       --fuse auto outlines loop fusions); the report names it.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per
@@ -75,8 +81,9 @@
  *   num_partitions  N (default: from the module):
  *       Partitions the module runs with; overrides what the module says.
  *   disabled_passes  PASS,... (default: none):
- *       Passes to skip, by name (quantized-all-reduce); an unknown name is an
- *       error when the pipeline runs.
+ *       Passes to skip, by name: quantize-collectives (also by its old name,
+ *       quantized-all-reduce), remove-dead-widenings, outline-fusions; an
+ *       unknown name is an error when the pipeline runs.
  * END options
  *
  * Example:
@@ -174,7 +181,7 @@ equarx_status equarx_pjrt_configure(const char* options_json, char** error);
 
 /* Sets the options, finds the XLA-transform extension in `pjrt_api` (a
  * plugin's const PJRT_Api*) and registers the callback under `name` (NULL:
- * "equarx-quantized-all-reduce") at `stage` (0 pre-scheduler, 1
+ * "equarx-quantize-collectives") at `stage` (0 pre-scheduler, 1
  * post-scheduler). A plugin without the extension is an error whose message
  * names the extensions it has. */
 equarx_status equarx_pjrt_register(const void* pjrt_api, const char* name,

@@ -452,7 +452,7 @@ static void test_pjrt(const char* dir) {
   api.error_message = fake_error_message;
   CHECK(equarx_pjrt_register(&api, NULL, 0, RING, &err) == EQUARX_OK,
         "register: %s", err ? err : "");
-  CHECK(strcmp(registered_name, "equarx-quantized-all-reduce") == 0 &&
+  CHECK(strcmp(registered_name, "equarx-quantize-collectives") == 0 &&
             registered_stage == 0,
         "registered as %s at stage %d", registered_name, registered_stage);
   CHECK(pjrt_adapter_calls == 2 && pjrt_adapter_changed == 2,

@@ -1,8 +1,11 @@
-"""equarx: EQuARX quantized all-reduce for XLA.
+"""equarx: EQuARX quantized collectives for XLA.
 
-Sum all-reduces (bf16 by default) become a ring of int8 collective-permutes
-with block-wise quantization: about one byte per element on the wire instead
-of two. This package is the Python door over the Rust library's C ABI.
+Sum all-reduces, reduce-scatters, all-gathers and all-to-alls (bf16 by
+default) become block-wise quantized transfers of int8, fp8 or int4 codes
+with f32 accumulation: about one byte per element on the wire instead of two,
+or half a byte. Per op the pass picks the algorithm (ring, two-shot,
+two-level) and whether to Hadamard-rotate the blocks. This package is the
+Python door over the Rust library's C ABI.
 
 - :func:`rewrite` rewrites serialized HLO module bytes.
 - :mod:`equarx.jax` registers the pass with JAX's compiler in one call::

@@ -61,7 +61,7 @@ from equarx import _native
 from equarx._native import EquarxError
 
 #: The pass's name in XLA's pipeline (and the registration's).
-PASS_NAME = "equarx-quantized-all-reduce"
+PASS_NAME = "equarx-quantize-collectives"
 
 _lock = threading.Lock()
 _registered: dict[str, Any] | None = None
@@ -207,7 +207,7 @@ def _stage(stage: Any):
 def options(**pass_options: Any) -> dict[str, Any]:
     """The options :func:`enable` passes to equarx: keyword arguments named
     as equarx's options, with the values its JSON takes (the one list is
-    equarx's own: ``src/options.rs``, the README's "Options", ``equarx
+    equarx's own: ``core/src/options/schema.rs``, the README's "Options", ``equarx
     rewrite --help``). E.g. ``block_size=32``, ``min_payload_bytes=0`` (also
     ``"1MiB"``; alias ``min_payload``), ``types=("bf16", "f32")``,
     ``fuse="off"``.

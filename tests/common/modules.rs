@@ -3,13 +3,14 @@
 //! twins). Shared by the real-XLA runs and the snapshots.
 
 use equarx::ir::shape;
+use equarx::plan::{Algorithm, Rotation};
 use equarx::proto::hlo_instruction_proto::ReplicaGroupList;
 use equarx::proto::{
     CollectiveDeviceListProto, DeviceAssignmentProto, HloInstructionProto, HloModuleProto,
     IotaReplicaGroupListProto, ReplicaGroup, ShapeProto,
     device_assignment_proto::ComputationDevice,
 };
-use equarx::{AlgorithmOption, Options, RewriteOptions, RotationOption};
+use equarx::{Options, RewriteOptions};
 
 pub fn load(name: &str) -> HloModuleProto {
     equarx::io::decode(&super::fixture(name), None)
@@ -26,8 +27,8 @@ pub fn opts(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
         min_payload_bytes: Some(0),
         pipeline_depth: 1,
         bidirectional: false,
-        algorithm: AlgorithmOption::Ring,
-        rotation: RotationOption::None,
+        algorithm: Some(Algorithm::Ring),
+        rotation: Some(Rotation::None),
         ..Options::default()
     };
     edit(&mut o);

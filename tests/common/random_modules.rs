@@ -12,13 +12,11 @@
 #![allow(dead_code)]
 
 use equarx::ir::shape;
-use equarx::passes::quantized_all_reduce::{Payload, choose_plan};
+use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
+use equarx::plan::{Algorithm, Rotation};
 use equarx::plan::{Plan, ring_wire_bytes};
 use equarx::proto::PrimitiveType;
-use equarx::{
-    AlgorithmOption, DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, RotationOption,
-    ScaleType,
-};
+use equarx::{DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, ScaleType};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -377,16 +375,12 @@ pub fn options() -> impl Strategy<Value = Options> {
         types,
         select(vec![FuseMode::Auto, FuseMode::Off, FuseMode::On]),
         select(vec![
-            AlgorithmOption::Auto,
-            AlgorithmOption::Ring,
-            AlgorithmOption::TwoShot,
-            AlgorithmOption::TwoLevel,
+            None,
+            Some(Algorithm::Ring),
+            Some(Algorithm::TwoShot),
+            Some(Algorithm::TwoLevel),
         ]),
-        select(vec![
-            RotationOption::Auto,
-            RotationOption::None,
-            RotationOption::Hadamard,
-        ]),
+        select(vec![None, Some(Rotation::None), Some(Rotation::Hadamard)]),
         any::<bool>(),
     )
         .prop_map(
@@ -408,7 +402,7 @@ pub fn options() -> impl Strategy<Value = Options> {
                 let rotation = if block_size.is_power_of_two() {
                     rotation
                 } else {
-                    RotationOption::None
+                    Some(Rotation::None)
                 };
                 Options {
                     block_size,

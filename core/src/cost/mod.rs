@@ -234,9 +234,9 @@ pub fn baseline_collective_us(
 }
 
 /// Predicts the collective of `payload_bytes` (the operand's bytes, of
-/// elements of `elem_bytes`) carried out by `plan`, against XLA's in the
-/// operand's own type.
-pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -> Prediction {
+/// elements of `elem_bytes` each on average) carried out by `plan`,
+/// against XLA's in the operand's own type.
+pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -> Prediction {
     let p = plan.group_size as f64;
     let alpha = t.step_latency_us;
     let alpha_k = t.kernel_latency_us;
@@ -248,7 +248,7 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
     let rotated = plan.config.rotation == Rotation::Hadamard;
     // What a hop reads as the device's own part: its input, or the f32
     // rotated input.
-    let own_bytes = if rotated { 4.0 } else { elem_bytes as f64 };
+    let own_bytes = if rotated { 4.0 } else { elem_bytes };
     let scales = plan.scale_type().bytes() as f64 / plan.block() as f64;
     // Bytes of one code: 1, or 1/2 for int4.
     let cb = plan.config.format.bits() as f64 / 8.0;
@@ -271,17 +271,17 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
             }
             Phase::Gather => {
                 comm += alpha_k + gather_us(t, p, bytes);
-                hbm_bytes += c * (4.0 + cb) + p * c * (cb + elem_bytes as f64);
+                hbm_bytes += c * (4.0 + cb) + p * c * (cb + elem_bytes);
             }
             Phase::Scatter => {
                 comm += alpha_k + exchange_us(t, p, bytes);
-                hbm_bytes += p * c * (own_bytes + cb + scales) + p * c * (cb + elem_bytes as f64);
+                hbm_bytes += p * c * (own_bytes + cb + scales) + p * c * (cb + elem_bytes);
             }
         }
     }
     // A reduce-scatter writes its owned f32 chunk out in the output type.
     if plan.collective == Collective::ReduceScatter {
-        hbm_bytes += c * (4.0 + elem_bytes as f64);
+        hbm_bytes += c * (4.0 + elem_bytes);
     }
     // The forward rotation is one more pass (input in, f32 out); the
     // inverse is a dot on the gathered codes whose scaling the backend
@@ -292,7 +292,7 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: u64) -
             Collective::AllGather => c,
             _ => p * c,
         };
-        hbm_bytes += payload * (elem_bytes as f64 + 4.0);
+        hbm_bytes += payload * (elem_bytes + 4.0);
         // Unquantized at the end, a reduce-scatter's chunk is rotated back
         // by a dot of its own.
         if plan.collective == Collective::ReduceScatter {
@@ -321,9 +321,8 @@ mod tests {
 
     fn config(algorithm: Algorithm, bidirectional: bool) -> Config {
         Config {
-            algorithm,
             bidirectional,
-            ..Config::default()
+            ..crate::plan::test_config(algorithm)
         }
     }
 
@@ -334,17 +333,17 @@ mod tests {
     #[test]
     fn large_payloads_approach_the_byte_ratio_and_small_ones_lose() {
         let t = Topology::parse("v5e").unwrap();
-        let big = predict(&t, &plan(8, 32 << 20, true), 64 << 20, 2);
+        let big = predict(&t, &plan(8, 32 << 20, true), 64 << 20, 2.0);
         assert!((1.7..1.95).contains(&big.speedup()), "{big:?}");
-        let tiny = predict(&t, &plan(8, 1024, true), 2048, 2);
+        let tiny = predict(&t, &plan(8, 1024, true), 2048, 2.0);
         assert!(tiny.speedup() < 1.0, "{tiny:?}");
     }
 
     #[test]
     fn a_one_way_ring_needs_twice_the_bytes_to_pay_on_a_torus() {
         let t = Topology::parse("v5e").unwrap();
-        let one_way = predict(&t, &plan(8, 8 << 20, false), 16 << 20, 2);
-        let both = predict(&t, &plan(8, 8 << 20, true), 16 << 20, 2);
+        let one_way = predict(&t, &plan(8, 8 << 20, false), 16 << 20, 2.0);
+        let both = predict(&t, &plan(8, 8 << 20, true), 16 << 20, 2.0);
         assert!(
             both.speedup() > one_way.speedup() * 1.5,
             "{both:?} {one_way:?}"
@@ -356,9 +355,9 @@ mod tests {
         for (topology, two_shot_wins) in [("h100", true), ("v5e", false)] {
             let t = Topology::parse(topology).unwrap();
             let n = 8 << 20;
-            let ring = predict(&t, &plan(8, n, true), 2 * n as u64, 2);
+            let ring = predict(&t, &plan(8, n, true), 2 * n as u64, 2.0);
             let two_shot = Plan::new(8, n, &config(Algorithm::TwoShot, true)).unwrap();
-            let two_shot = predict(&t, &two_shot, 2 * n as u64, 2);
+            let two_shot = predict(&t, &two_shot, 2 * n as u64, 2.0);
             assert_eq!(
                 two_shot.equarx_us < ring.equarx_us,
                 two_shot_wins,

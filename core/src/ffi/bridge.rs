@@ -166,7 +166,7 @@ mod tests {
         );
         let r = rewrite_module(b"", &[], 0, -1);
         assert!(
-            !r.ok && r.error.contains("num_partitions must be at least 1"),
+            !r.ok && r.error.contains("num_partitions: must be at least 1"),
             "{r:?}"
         );
         let r = rewrite_module(b"\x0a\xff", &[], 0, 0);

@@ -148,7 +148,7 @@ mod tests {
         assert!(err(r#"{"blok_size": 1}"#).contains("unknown option \"blok_size\""));
         assert!(err(r#"{"block_size": 0}"#).contains("block size must be in 1..="));
         assert!(err(r#"{"types": ["s32"]}"#).contains(r#""s32" is not one of bf16, f16, f32"#));
-        assert!(err(r#"{"replica_count": 0}"#).contains("replica_count must be at least 1"));
+        assert!(err(r#"{"replica_count": 0}"#).contains("replica_count: must be at least 1"));
         assert!(err("[1,2").contains("options JSON"));
     }
 

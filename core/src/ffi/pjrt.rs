@@ -301,7 +301,7 @@ pub unsafe extern "C" fn equarx_pjrt_register(
         let options = parse_options(unsafe { opt_str(options_json, "options_json") }?)?;
         // SAFETY: per the function's contract.
         let name = match unsafe { opt_str(name, "name") }? {
-            "" => "equarx-quantized-all-reduce",
+            "" => "equarx-quantize-collectives",
             n => n,
         };
         // SAFETY: `pjrt_api` is a PJRT_Api by the contract.

@@ -8,6 +8,7 @@
 //! remembered and returned when the instructions are inserted.
 
 use super::groups::ReplicaGroups;
+use super::opcode::Opcode;
 use super::{CompId, InstrId, Module, infer, shape};
 use crate::proto::hlo_instruction_proto::{ReplicaGroupList, SliceDimensions};
 use crate::proto::{
@@ -48,8 +49,8 @@ impl<'m> Builder<'m> {
         Builder {
             module,
             comp,
-            // A ring emits about a thousand instructions: grow in few steps.
-            out: Vec::with_capacity(1024),
+            // A rewrite emits about a hundred instructions: room for them at once.
+            out: Vec::with_capacity(128),
             metadata,
             error: None,
         }
@@ -164,16 +165,16 @@ impl<'m> Builder<'m> {
         Value { id, shape }
     }
 
-    fn op(opcode: &str) -> HloInstructionProto {
+    fn op(opcode: Opcode) -> HloInstructionProto {
         HloInstructionProto {
-            opcode: opcode.to_string(),
+            opcode: opcode.as_str().to_string(),
             ..Default::default()
         }
     }
 
-    fn op_with_shape(opcode: &str, shape: ShapeProto) -> HloInstructionProto {
+    fn op_with_shape(opcode: Opcode, shape: ShapeProto) -> HloInstructionProto {
         HloInstructionProto {
-            opcode: opcode.to_string(),
+            opcode: opcode.as_str().to_string(),
             shape: Some(shape),
             ..Default::default()
         }
@@ -181,7 +182,7 @@ impl<'m> Builder<'m> {
 
     pub fn constant(&mut self, literal: LiteralProto) -> Value {
         let shape = literal.shape.clone().unwrap_or_default();
-        let mut i = Self::op_with_shape("constant", shape);
+        let mut i = Self::op_with_shape(Opcode::Constant, shape);
         i.literal = Some(Box::new(literal));
         self.add(i, &[])
     }
@@ -274,21 +275,24 @@ impl<'m> Builder<'m> {
 
     /// `convert` whose result is exactly `result` (type, dims and layout).
     pub fn convert_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
-        self.add(Self::op_with_shape("convert", result.clone()), &[x])
+        self.add(Self::op_with_shape(Opcode::Convert, result.clone()), &[x])
     }
 
     /// `reshape` whose result is exactly `result` (type, dims and layout).
     pub fn reshape_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
-        self.add(Self::op_with_shape("reshape", result.clone()), &[x])
+        self.add(Self::op_with_shape(Opcode::Reshape, result.clone()), &[x])
     }
 
     pub fn convert(&mut self, x: &Value, ty: PrimitiveType) -> Value {
-        self.add(Self::op_with_shape("convert", shape::scalar(ty)), &[x])
+        self.add(
+            Self::op_with_shape(Opcode::Convert, shape::scalar(ty)),
+            &[x],
+        )
     }
 
     pub fn bitcast_convert(&mut self, x: &Value, ty: PrimitiveType) -> Value {
         self.add(
-            Self::op_with_shape("bitcast-convert", shape::scalar(ty)),
+            Self::op_with_shape(Opcode::BitcastConvert, shape::scalar(ty)),
             &[x],
         )
     }
@@ -305,7 +309,7 @@ impl<'m> Builder<'m> {
             .iter()
             .rev()
             .find(|i| i.id == x.id.0)
-            .filter(|i| i.opcode == "reshape")
+            .filter(|i| Opcode::of(i) == Some(Opcode::Reshape))
             .and_then(|i| i.operand_ids.first().copied())
             .and_then(|o| {
                 self.out
@@ -324,7 +328,7 @@ impl<'m> Builder<'m> {
             return x.clone();
         }
         self.add(
-            Self::op_with_shape("reshape", shape::with_dims(&x.shape, dims)),
+            Self::op_with_shape(Opcode::Reshape, shape::with_dims(&x.shape, dims)),
             &[x],
         )
     }
@@ -332,70 +336,70 @@ impl<'m> Builder<'m> {
     /// `transpose(x)`: output dimension i is operand dimension `perm[i]`.
     pub fn transpose(&mut self, x: &Value, perm: &[i64]) -> Value {
         let dims: Vec<i64> = perm.iter().map(|&p| x.dims()[p as usize]).collect();
-        let mut i = Self::op_with_shape("transpose", shape::with_dims(&x.shape, &dims));
+        let mut i = Self::op_with_shape(Opcode::Transpose, shape::with_dims(&x.shape, &dims));
         i.dimensions = perm.to_vec();
         self.add(i, &[x])
     }
 
     /// Broadcast `x` into `dims`; operand dim i becomes output dim `map[i]`.
     pub fn broadcast(&mut self, x: &Value, dims: &[i64], map: &[i64]) -> Value {
-        let mut i = Self::op_with_shape("broadcast", shape::with_dims(&x.shape, dims));
+        let mut i = Self::op_with_shape(Opcode::Broadcast, shape::with_dims(&x.shape, dims));
         i.dimensions = map.to_vec();
         self.add(i, &[x])
     }
 
-    pub fn unary(&mut self, opcode: &str, x: &Value) -> Value {
+    pub fn unary(&mut self, opcode: Opcode, x: &Value) -> Value {
         self.add(Self::op(opcode), &[x])
     }
 
-    pub fn binary(&mut self, opcode: &str, a: &Value, b: &Value) -> Value {
+    pub fn binary(&mut self, opcode: Opcode, a: &Value, b: &Value) -> Value {
         self.add(Self::op(opcode), &[a, b])
     }
 
     pub fn add_op(&mut self, a: &Value, b: &Value) -> Value {
-        self.binary("add", a, b)
+        self.binary(Opcode::Add, a, b)
     }
 
     pub fn multiply(&mut self, a: &Value, b: &Value) -> Value {
-        self.binary("multiply", a, b)
+        self.binary(Opcode::Multiply, a, b)
     }
 
     pub fn divide(&mut self, a: &Value, b: &Value) -> Value {
-        self.binary("divide", a, b)
+        self.binary(Opcode::Divide, a, b)
     }
 
     /// `clamp(lo, x, hi)`; the bounds may be scalars.
     pub fn clamp(&mut self, lo: &Value, x: &Value, hi: &Value) -> Value {
-        self.add(Self::op("clamp"), &[lo, x, hi])
+        self.add(Self::op(Opcode::Clamp), &[lo, x, hi])
     }
 
     /// `compare(a, b), direction=dir` (EQ, NE, LT, LE, GT, GE).
     pub fn compare(&mut self, a: &Value, b: &Value, dir: &str) -> Value {
-        let mut i = Self::op("compare");
+        let mut i = Self::op(Opcode::Compare);
         i.comparison_direction = dir.to_string();
         self.add(i, &[a, b])
     }
 
     pub fn select(&mut self, pred: &Value, on_true: &Value, on_false: &Value) -> Value {
-        self.add(Self::op("select"), &[pred, on_true, on_false])
+        self.add(Self::op(Opcode::Select), &[pred, on_true, on_false])
     }
 
     /// Reduces `x` over `dims` with the scalar computation `reducer`.
     pub fn reduce(&mut self, x: &Value, init: &Value, dims: &[i64], reducer: CompId) -> Value {
-        let mut i = Self::op("reduce");
+        let mut i = Self::op(Opcode::Reduce);
         i.dimensions = dims.to_vec();
         i.called_computation_ids = vec![reducer.0];
         self.add(i, &[x, init])
     }
 
     pub fn iota(&mut self, ty: PrimitiveType, dims: &[i64], dim: i64) -> Value {
-        let mut i = Self::op_with_shape("iota", shape::array(ty, dims));
+        let mut i = Self::op_with_shape(Opcode::Iota, shape::array(ty, dims));
         i.dimensions = vec![dim];
         self.add(i, &[])
     }
 
     pub fn slice(&mut self, x: &Value, starts: &[i64], limits: &[i64]) -> Value {
-        let mut i = Self::op("slice");
+        let mut i = Self::op(Opcode::Slice);
         i.slice_dimensions = starts
             .iter()
             .zip(limits)
@@ -409,7 +413,7 @@ impl<'m> Builder<'m> {
     }
 
     pub fn dynamic_slice(&mut self, x: &Value, starts: &[Value], sizes: &[i64]) -> Value {
-        let mut i = Self::op("dynamic-slice");
+        let mut i = Self::op(Opcode::DynamicSlice);
         i.dynamic_slice_sizes = sizes.to_vec();
         let mut ops = vec![x];
         ops.extend(starts);
@@ -419,11 +423,11 @@ impl<'m> Builder<'m> {
     pub fn dynamic_update_slice(&mut self, x: &Value, update: &Value, starts: &[Value]) -> Value {
         let mut ops = vec![x, update];
         ops.extend(starts);
-        self.add(Self::op("dynamic-update-slice"), &ops)
+        self.add(Self::op(Opcode::DynamicUpdateSlice), &ops)
     }
 
     pub fn concatenate(&mut self, xs: &[Value], dim: i64) -> Value {
-        let mut i = Self::op("concatenate");
+        let mut i = Self::op(Opcode::Concatenate);
         i.dimensions = vec![dim];
         let ops: Vec<&Value> = xs.iter().collect();
         self.add(i, &ops)
@@ -431,7 +435,7 @@ impl<'m> Builder<'m> {
 
     /// Edge padding only: `(low, high)` per dimension.
     pub fn pad(&mut self, x: &Value, value: &Value, edges: &[(i64, i64)]) -> Value {
-        let mut i = Self::op("pad");
+        let mut i = Self::op(Opcode::Pad);
         i.padding_config = Some(Box::new(PaddingConfig {
             dimensions: edges
                 .iter()
@@ -447,24 +451,24 @@ impl<'m> Builder<'m> {
 
     pub fn tuple(&mut self, xs: &[Value]) -> Value {
         let ops: Vec<&Value> = xs.iter().collect();
-        self.add(Self::op("tuple"), &ops)
+        self.add(Self::op(Opcode::Tuple), &ops)
     }
 
     pub fn get_tuple_element(&mut self, x: &Value, index: i64) -> Value {
-        let mut i = Self::op("get-tuple-element");
+        let mut i = Self::op(Opcode::GetTupleElement);
         i.tuple_index = index;
         self.add(i, &[x])
     }
 
     pub fn parameter(&mut self, number: i64, shape: ShapeProto) -> Value {
-        let mut i = Self::op_with_shape("parameter", shape);
+        let mut i = Self::op_with_shape(Opcode::Parameter, shape);
         i.parameter_number = number;
         self.add_named(i, &[], "param")
     }
 
     /// `while(init), condition=condition, body=body`.
     pub fn while_loop(&mut self, init: &Value, condition: CompId, body: CompId) -> Value {
-        let mut i = Self::op_with_shape("while", init.shape.clone());
+        let mut i = Self::op_with_shape(Opcode::While, init.shape.clone());
         // XLA stores a while's computations as [body, condition].
         i.called_computation_ids = vec![body.0, condition.0];
         self.add(i, &[init])
@@ -480,7 +484,7 @@ impl<'m> Builder<'m> {
         rhs_contracting: i64,
         precision: Precision,
     ) -> Value {
-        let mut i = Self::op_with_shape("dot", shape::scalar(PrimitiveType::F32));
+        let mut i = Self::op_with_shape(Opcode::Dot, shape::scalar(PrimitiveType::F32));
         i.dot_dimension_numbers = Some(Box::new(DotDimensionNumbers {
             lhs_contracting_dimensions: vec![lhs_contracting],
             rhs_contracting_dimensions: vec![rhs_contracting],
@@ -495,7 +499,7 @@ impl<'m> Builder<'m> {
 
     /// `reduce-precision(x)` to f32's exponent and `mantissa_bits`.
     pub fn reduce_precision(&mut self, x: &Value, mantissa_bits: i32) -> Value {
-        let mut i = Self::op("reduce-precision");
+        let mut i = Self::op(Opcode::ReducePrecision);
         i.exponent_bits = 8;
         i.mantissa_bits = mantissa_bits;
         self.add(i, &[x])
@@ -511,7 +515,7 @@ impl<'m> Builder<'m> {
         groups: &[Vec<i64>],
         channel: Option<i64>,
     ) -> Value {
-        let mut i = Self::op("all-to-all");
+        let mut i = Self::op(Opcode::AllToAll);
         i.dimensions = vec![dim];
         i.channel_id = channel.unwrap_or(0);
         i.replica_group_list = Some(Self::group_list(groups));
@@ -527,7 +531,7 @@ impl<'m> Builder<'m> {
         channel: Option<i64>,
     ) -> Value {
         let shape = shape::tuple(pieces.iter().map(|v| v.shape.clone()).collect());
-        let mut i = Self::op_with_shape("all-to-all", shape);
+        let mut i = Self::op_with_shape(Opcode::AllToAll, shape);
         i.channel_id = channel.unwrap_or(0);
         i.replica_group_list = Some(Self::group_list(groups));
         let ops: Vec<&Value> = pieces.iter().collect();
@@ -535,11 +539,11 @@ impl<'m> Builder<'m> {
     }
 
     pub fn replica_id(&mut self) -> Value {
-        self.add(Self::op("replica-id"), &[])
+        self.add(Self::op(Opcode::ReplicaId), &[])
     }
 
     pub fn partition_id(&mut self) -> Value {
-        self.add(Self::op("partition-id"), &[])
+        self.add(Self::op(Opcode::PartitionId), &[])
     }
 
     /// A collective-permute over `pairs` (source → target ids). With a
@@ -551,7 +555,7 @@ impl<'m> Builder<'m> {
         channel: Option<i64>,
     ) -> Value {
         self.add(
-            Self::with_pairs(Self::op("collective-permute"), pairs, channel),
+            Self::with_pairs(Self::op(Opcode::CollectivePermute), pairs, channel),
             &[x],
         )
     }
@@ -580,12 +584,12 @@ impl<'m> Builder<'m> {
     ) -> Value {
         let u32s = shape::scalar(PrimitiveType::U32);
         let shape = shape::tuple(vec![x.shape.clone(), x.shape.clone(), u32s.clone(), u32s]);
-        let i = Self::op_with_shape("collective-permute-start", shape);
+        let i = Self::op_with_shape(Opcode::CollectivePermuteStart, shape);
         self.add(Self::with_pairs(i, pairs, channel), &[x])
     }
 
     pub fn collective_permute_done(&mut self, start: &Value) -> Value {
-        self.add(Self::op("collective-permute-done"), &[start])
+        self.add(Self::op(Opcode::CollectivePermuteDone), &[start])
     }
 
     /// An all-gather along `dim` over explicit `groups`.
@@ -597,7 +601,7 @@ impl<'m> Builder<'m> {
         channel: Option<i64>,
         use_global_device_ids: bool,
     ) -> Value {
-        let mut i = Self::op("all-gather");
+        let mut i = Self::op(Opcode::AllGather);
         i.dimensions = vec![dim];
         i.channel_id = channel.unwrap_or(0);
         i.use_global_device_ids = use_global_device_ids;
@@ -653,7 +657,7 @@ pub fn build_computation(
         inner
             .out
             .iter()
-            .filter(|i| i.opcode == "parameter")
+            .filter(|i| Opcode::of(i) == Some(Opcode::Parameter))
             .map(|i| InstrId(i.id)),
     );
     match inner.finish_keeping(&keep) {

@@ -13,6 +13,7 @@ pub mod builder;
 pub mod devices;
 pub mod groups;
 pub mod infer;
+pub mod opcode;
 pub mod shape;
 
 pub use devices::DeviceCounts;

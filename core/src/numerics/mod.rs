@@ -1,7 +1,7 @@
 //! The numerics contract of the quantized all-reduce, written once.
 //!
 //! Every hop of the ring and the final all-gather quantize with
-//! [`quantize_block`]; the emitted HLO (`passes/quantized_all_reduce/emit.rs`)
+//! [`quantize_block`]; the emitted HLO (`passes/quantize_collectives/emit/`)
 //! performs exactly these operations, and this Rust version is the
 //! reference the tests and the simulator hold it to.
 //!
@@ -52,6 +52,24 @@ pub mod error;
 pub mod simulate;
 
 pub use crate::plan::{Quant, QuantFormat, ScaleType};
+
+use crate::proto::PrimitiveType;
+
+/// The element types equarx quantizes: the floating-point types whose
+/// values f32 holds exactly. The one list: the options, eligibility and
+/// the error model read it.
+pub const QUANTIZABLE: &[PrimitiveType] =
+    &[PrimitiveType::Bf16, PrimitiveType::F16, PrimitiveType::F32];
+
+/// Explicit mantissa bits of a quantizable type (bf16: 7): the precision
+/// a result is rounded to in its own type, which the error model adds.
+pub fn mantissa_bits(ty: i32) -> u32 {
+    match PrimitiveType::try_from(ty) {
+        Ok(PrimitiveType::Bf16) => 7,
+        Ok(PrimitiveType::F16) => 10,
+        _ => 23,
+    }
+}
 
 /// Largest int8 code magnitude: codes lie in `[-127, 127]` (symmetric, no
 /// -128). Other formats: [`QuantFormat::qmax`].

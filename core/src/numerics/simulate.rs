@@ -17,7 +17,7 @@
 use super::{
     Quant, QuantFormat, ScaleType, dequantize, dequantize_rotated, quantize_block, rotate_block,
 };
-use crate::plan::{Algorithm, Axis, Collective, Config, Phase, Plan, Rotation};
+use crate::plan::{Algorithm, Axis, Collective, Config, Grid, Phase, Plan, Rotation};
 
 /// A small deterministic generator (splitmix64): seeded, reproducible
 /// inputs without extra crates.
@@ -409,46 +409,14 @@ pub struct SweepRow {
     pub wire_ratio: f64,
 }
 
-crate::choice_enum! {
-    /// Which reduce algorithms to sweep, resolved per group size.
-    pub enum AlgorithmChoice {
-        /// The paper's ring.
-        Ring = "ring",
-        /// Quantize once, one all-to-all.
-        TwoShot = "two-shot",
-        /// The most balanced outer × inner grid of the group (skipped for
-        /// groups of prime size).
-        TwoLevel = "two-level",
-    }
-}
-
-impl AlgorithmChoice {
-    pub fn resolve(self, p: usize) -> Option<Algorithm> {
-        match self {
-            AlgorithmChoice::Ring => Some(Algorithm::Ring),
-            AlgorithmChoice::TwoShot => Some(Algorithm::TwoShot),
-            AlgorithmChoice::TwoLevel => balanced_grid(p),
-        }
-    }
-}
-
-/// `outer × inner = p` with `outer ≤ inner` as close as possible, both at
-/// least 2; `None` for a prime (or tiny) group.
-pub fn balanced_grid(p: usize) -> Option<Algorithm> {
-    let outer = (2..=p.isqrt()).rev().find(|d| p % d == 0)?;
-    Some(Algorithm::TwoLevel {
-        outer,
-        inner: p / outer,
-    })
-}
-
 /// What to sweep.
 #[derive(Clone, Debug)]
 pub struct Sweep {
     pub distributions: Vec<Distribution>,
     pub group_sizes: Vec<usize>,
     pub block_sizes: Vec<usize>,
-    pub algorithms: Vec<AlgorithmChoice>,
+    /// Two-level runs on the most balanced grid of each P.
+    pub algorithms: Vec<Algorithm>,
     pub rotations: Vec<Rotation>,
     pub formats: Vec<QuantFormat>,
     pub depths: Vec<usize>,
@@ -499,16 +467,20 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                         continue;
                     }
                     let crest = crest_seen(&inputs, &exact_f32, b, rotation);
-                    for (algorithm, format) in s
-                        .algorithms
-                        .iter()
-                        .filter_map(|a| a.resolve(p))
-                        .flat_map(|a| s.formats.iter().map(move |&f| (a, f)))
+                    // Two-level runs on the most balanced grid of each P
+                    // (none for a prime P: left out).
+                    let resolved = s.algorithms.iter().filter_map(|&a| match a {
+                        Algorithm::TwoLevel => Grid::balanced(p).map(|g| (a, Some(g))),
+                        _ => Some((a, None)),
+                    });
+                    for ((algorithm, grid), format) in
+                        resolved.flat_map(|a| s.formats.iter().map(move |&f| (a, f)))
                     {
                         for &d in &s.depths {
                             for &bi in &s.bidirectional {
                                 let config = Config {
                                     algorithm,
+                                    grid,
                                     rotation,
                                     block: b,
                                     scale_type: s.scale_type,
@@ -531,7 +503,7 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                     distribution: dist,
                                     group_size: p,
                                     block_size: b,
-                                    algorithm: algorithm.to_string(),
+                                    algorithm: config.algorithm_label(),
                                     rotation,
                                     format,
                                     pipeline_depth: d,
@@ -559,10 +531,9 @@ mod tests {
 
     fn plan(p: usize, n: usize, algorithm: Algorithm, rotation: Rotation, block: usize) -> Plan {
         let config = Config {
-            algorithm,
             rotation,
             block,
-            ..Config::default()
+            ..crate::plan::test_config(algorithm)
         };
         Plan::new(p, n, &config).unwrap()
     }
@@ -590,11 +561,7 @@ mod tests {
         use crate::numerics::error::{format_rel_rms, gaussian_crest_sq};
         let inputs = Distribution::Gaussian.generate(8, 16384, 256, true, 1);
         let exact = exact_sum(&inputs);
-        for algorithm in [
-            Algorithm::Ring,
-            Algorithm::TwoShot,
-            Algorithm::TwoLevel { outer: 2, inner: 4 },
-        ] {
+        for algorithm in [Algorithm::Ring, Algorithm::TwoShot, Algorithm::TwoLevel] {
             for rotation in [Rotation::None, Rotation::Hadamard] {
                 let plan = plan(8, 16384, algorithm, rotation, 64);
                 let got = quantized_all_reduce(&inputs, &plan, true);
@@ -646,15 +613,9 @@ mod tests {
 
     #[test]
     fn balanced_grids() {
-        assert_eq!(
-            balanced_grid(8),
-            Some(Algorithm::TwoLevel { outer: 2, inner: 4 })
-        );
-        assert_eq!(
-            balanced_grid(16),
-            Some(Algorithm::TwoLevel { outer: 4, inner: 4 })
-        );
-        assert_eq!(balanced_grid(7), None);
-        assert_eq!(balanced_grid(2), None);
+        assert_eq!(Grid::balanced(8), Some(Grid { outer: 2, inner: 4 }));
+        assert_eq!(Grid::balanced(16), Some(Grid { outer: 4, inner: 4 }));
+        assert_eq!(Grid::balanced(7), None);
+        assert_eq!(Grid::balanced(2), None);
     }
 }

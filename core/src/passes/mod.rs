@@ -3,20 +3,68 @@
 //! cross-cutting work — verify the input, verify after every pass (naming the
 //! pass that broke the module), before/after dumps on request, and
 //! enabling/disabling passes by name.
+//!
+//! equarx's pipeline ([`crate::rewrite`]) runs, in order:
+//!
+//! | pass | what it does |
+//! |---|---|
+//! | [`quantize_collectives`] | every eligible collective becomes its quantized plan |
+//! | [`remove_dead_widenings`] | drops the widening converts the rewrite read past |
+//! | [`outline_fusions`] | in a fused module, outlines the emitted chains into loop fusions |
+//!
+//! The [`Stage`] of the module in XLA's pipeline is an input of the whole
+//! pipeline: it decides the forms the rewrite emits and whether the
+//! emitted chains are fused.
 
-pub mod quantized_all_reduce;
+pub mod outline_fusions;
+pub mod quantize_collectives;
+pub mod remove_dead_widenings;
 
 use std::collections::BTreeSet;
 
 use crate::ir::Module;
+use crate::ir::opcode::Opcode;
 use crate::verify::{VerifyError, verify};
 
 /// A module transformation.
 pub trait Pass {
     /// Kebab-case name, used to disable the pass and to name dumps.
     fn name(&self) -> &'static str;
+    /// Older names the pass answers to (for disabling it).
+    fn aliases(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Transforms `module`; `Ok(true)` if anything changed.
     fn run(&mut self, module: &mut Module) -> Result<bool, PassError>;
+}
+
+crate::choice_enum! {
+    /// Where in XLA's pipeline a module is when equarx sees it.
+    pub enum Stage {
+        /// After SPMD partitioning, before XLA's fusion: XLA still fuses,
+        /// simplifies and decomposes what the pass emits.
+        PreFusion = "pre-fusion",
+        /// After XLA's fusion (its pre-scheduler hook, where the JAX door
+        /// sits; a dump after optimizations): XLA will not fuse or
+        /// decompose what the pass emits, so the pass does.
+        Fused = "fused",
+    }
+}
+
+impl Stage {
+    /// The stage a module shows: fused if any computation holds a fusion.
+    pub fn detect(module: &Module) -> Stage {
+        let fused = module.computations().iter().any(|c| {
+            c.instructions()
+                .iter()
+                .any(|i| Opcode::of(i) == Some(Opcode::Fusion))
+        });
+        if fused {
+            Stage::Fused
+        } else {
+            Stage::PreFusion
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +140,12 @@ impl<'a> Pipeline<'a> {
         passes: &mut [&mut dyn Pass],
     ) -> Result<Vec<PassRun>, PipelineError> {
         let known: Vec<&str> = passes.iter().map(|p| p.name()).collect();
-        if let Some(unknown) = self.disabled.iter().find(|d| !known.contains(&d.as_str())) {
+        let answers = |p: &dyn Pass, d: &str| p.name() == d || p.aliases().contains(&d);
+        if let Some(unknown) = self
+            .disabled
+            .iter()
+            .find(|d| !passes.iter().any(|p| answers(&**p, d)))
+        {
             return Err(PipelineError::UnknownPass(
                 unknown.clone(),
                 known.join(", "),
@@ -102,7 +155,7 @@ impl<'a> Pipeline<'a> {
         let mut runs = Vec::new();
         for pass in passes.iter_mut() {
             let name = pass.name();
-            if self.disabled.contains(name) {
+            if self.disabled.iter().any(|d| answers(&**pass, d)) {
                 runs.push(PassRun {
                     pass: name,
                     ran: false,

@@ -6,7 +6,7 @@
 //!
 //! | reader | reads |
 //! |---|---|
-//! | the emitter (`passes/quantized_all_reduce/emit.rs`) | phases, lanes, messages, form |
+//! | the emitter (`passes/quantize_collectives/emit/`) | phases, lanes, messages, form |
 //! | the time model ([`crate::cost`]) | wire bytes and steps per phase, the work per element |
 //! | the error model ([`crate::numerics::error`]) | how often a value is quantized, and with how many contributions |
 //! | the simulator ([`crate::numerics::simulate`]) | the same phases, run on numbers |
@@ -143,26 +143,44 @@ crate::choice_enum! {
     }
 }
 
-/// The reduce algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Algorithm {
-    /// P−1 requantizing hops round a ring (the paper's algorithm).
-    Ring,
-    /// Every chunk quantized once and exchanged by one all-to-all; the
-    /// owner sums in f32.
-    TwoShot,
-    /// A ring on each axis of a `outer × inner` grid in turn.
-    TwoLevel { outer: usize, inner: usize },
+crate::choice_enum! {
+    /// The reduce algorithm: the one list every door, the chooser, the
+    /// report and the simulator name algorithms by.
+    pub enum Algorithm {
+        /// P−1 requantizing hops round a ring (the paper's algorithm).
+        Ring = "ring",
+        /// Every chunk quantized once and exchanged by one all-to-all; the
+        /// owner sums in f32.
+        TwoShot = "two-shot",
+        /// A ring on each axis of an outer × inner grid in turn (the
+        /// [`Grid`] of the plan's [`Config`]).
+        TwoLevel = "two-level",
+    }
 }
 
-impl fmt::Display for Algorithm {
+/// The `outer × inner` grid a two-level plan reduces over: rank
+/// `r = i·inner + j` has coordinate `i` on the outer axis, `j` on the inner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Grid {
+    pub outer: usize,
+    pub inner: usize,
+}
+
+impl Grid {
+    /// `outer × inner = p` with `outer ≤ inner` as close as possible, both
+    /// at least 2; `None` for a prime (or tiny) group.
+    pub fn balanced(p: usize) -> Option<Grid> {
+        let outer = (2..=p.isqrt()).rev().find(|d| p % d == 0)?;
+        Some(Grid {
+            outer,
+            inner: p / outer,
+        })
+    }
+}
+
+impl fmt::Display for Grid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Algorithm::Ring => f.write_str("ring"),
-            Algorithm::TwoShot => f.write_str("two-shot"),
-            Algorithm::TwoLevel { outer, inner } => write!(f, "two-level {outer}x{inner}"),
-        }
+        write!(f, "{}x{}", self.outer, self.inner)
     }
 }
 
@@ -207,6 +225,8 @@ impl Collective {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
     pub algorithm: Algorithm,
+    /// The grid of a two-level plan (`None` for the others).
+    pub grid: Option<Grid>,
     pub rotation: Rotation,
     /// Elements per quantization block (B).
     pub block: usize,
@@ -219,22 +239,28 @@ pub struct Config {
     pub form: Form,
 }
 
-/// The paper's ring, unrotated, with the pass's default block, scales,
-/// format, lanes and form: a base to change one field of.
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            algorithm: Algorithm::Ring,
-            rotation: Rotation::None,
-            block: 64,
-            scale_type: ScaleType::Bf16,
-            format: QuantFormat::Int8,
-            pipeline_depth: 1,
-            bidirectional: true,
-            gather: GatherForm::AllGather,
-            form: Form::Loop,
+impl Config {
+    /// The algorithm as reports name it: `ring`, `two-shot`,
+    /// `two-level 2x4`.
+    pub fn algorithm_label(&self) -> String {
+        match (self.algorithm, self.grid) {
+            (Algorithm::TwoLevel, Some(g)) => format!("{} {g}", self.algorithm),
+            (a, _) => a.to_string(),
         }
     }
+}
+
+/// What a block size must be for a code format and a rotation: even for
+/// int4 (two codes to a byte), a power of two for the Hadamard transform.
+/// The plan's rule, which the options check as well.
+pub fn check_block(block: usize, format: QuantFormat, rotation: Rotation) -> Result<(), PlanError> {
+    if rotation == Rotation::Hadamard && !block.is_power_of_two() {
+        return Err(PlanError::RotationBlock(block));
+    }
+    if format == QuantFormat::Int4 && block % 2 != 0 {
+        return Err(PlanError::OddInt4Block(block));
+    }
+    Ok(())
 }
 
 /// One independent chain of a ring phase.
@@ -291,7 +317,7 @@ pub enum PlanError {
         outer: usize,
         inner: usize,
     },
-    #[error("two-level needs a 2-D grid, and a group of {0} has none (a prime size)")]
+    #[error("two-level needs a 2-D grid of the group, and a group of {0} has none (a prime size)")]
     NoGrid(usize),
     #[error("int4 codes pack two to a byte: the block size must be even, not {0}")]
     OddInt4Block(usize),
@@ -351,12 +377,7 @@ impl Plan {
             return Err(PlanError::GroupOfOne);
         }
         let b = config.block.max(1);
-        if config.rotation == Rotation::Hadamard && !b.is_power_of_two() {
-            return Err(PlanError::RotationBlock(b));
-        }
-        if config.format == QuantFormat::Int4 && b % 2 != 0 {
-            return Err(PlanError::OddInt4Block(b));
-        }
+        check_block(b, config.format, config.rotation)?;
         let per_rank_blocks = match row {
             // Rows are padded one by one.
             Some(m) => m.div_ceil(b).max(1),
@@ -373,7 +394,8 @@ impl Plan {
         let reduce = match config.algorithm {
             Algorithm::Ring => vec![Phase::Ring { axis: whole }],
             Algorithm::TwoShot => vec![Phase::Exchange { axis: whole }],
-            Algorithm::TwoLevel { outer, inner } => {
+            Algorithm::TwoLevel => {
+                let Grid { outer, inner } = config.grid.ok_or(PlanError::NoGrid(p))?;
                 if outer < 2 || inner < 2 || outer.checked_mul(inner) != Some(p) {
                     return Err(PlanError::BadGrid {
                         group: p,
@@ -438,7 +460,7 @@ impl Plan {
     /// the reducing collectives, the single exchange otherwise.
     pub fn algorithm_name(&self) -> String {
         match self.collective {
-            Collective::AllReduce | Collective::ReduceScatter => self.config.algorithm.to_string(),
+            Collective::AllReduce | Collective::ReduceScatter => self.config.algorithm_label(),
             Collective::AllGather => "gather".into(),
             Collective::AllToAll => "exchange".into(),
         }
@@ -623,15 +645,31 @@ pub fn baseline_wire_bytes(collective: Collective, group_size: usize, operand_by
     }
 }
 
+/// A configuration for the unit tests of the plan's readers: `algorithm`
+/// (two-level over 2x4) with the pass's default block, scales, format,
+/// lanes and form.
+#[cfg(test)]
+pub(crate) fn test_config(algorithm: Algorithm) -> Config {
+    Config {
+        algorithm,
+        grid: (algorithm == Algorithm::TwoLevel).then_some(Grid { outer: 2, inner: 4 }),
+        rotation: Rotation::None,
+        block: 64,
+        scale_type: ScaleType::Bf16,
+        format: QuantFormat::Int8,
+        pipeline_depth: 1,
+        bidirectional: true,
+        gather: GatherForm::AllGather,
+        form: Form::Loop,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn config(algorithm: Algorithm) -> Config {
-        Config {
-            algorithm,
-            ..Config::default()
-        }
+        test_config(algorithm)
     }
 
     #[test]
@@ -668,11 +706,7 @@ mod tests {
     #[test]
     fn every_algorithm_halves_the_wire_bytes_of_a_bf16_ring() {
         for n in [512 * 1024, 1_000_000, 524_289, 3 * 1024 * 1024 + 17] {
-            for algorithm in [
-                Algorithm::Ring,
-                Algorithm::TwoShot,
-                Algorithm::TwoLevel { outer: 2, inner: 4 },
-            ] {
+            for algorithm in [Algorithm::Ring, Algorithm::TwoShot, Algorithm::TwoLevel] {
                 for (block, scale_type) in [(128, ScaleType::F32), (64, ScaleType::Bf16)] {
                     let c = Config {
                         block,
@@ -695,11 +729,11 @@ mod tests {
         let w = |a| Plan::new(8, 1 << 16, &config(a)).unwrap().noise_weight();
         assert_eq!(w(Algorithm::Ring), 4.5);
         assert_eq!(w(Algorithm::TwoShot), 2.0);
-        assert_eq!(w(Algorithm::TwoLevel { outer: 2, inner: 4 }), 3.0);
+        assert_eq!(w(Algorithm::TwoLevel), 3.0);
         let q = |a| Plan::new(8, 1 << 16, &config(a)).unwrap().quantizations();
         assert_eq!(q(Algorithm::Ring), 8);
         assert_eq!(q(Algorithm::TwoShot), 2);
-        assert_eq!(q(Algorithm::TwoLevel { outer: 2, inner: 4 }), 5);
+        assert_eq!(q(Algorithm::TwoLevel), 5);
     }
 
     #[test]
@@ -728,7 +762,14 @@ mod tests {
     #[test]
     fn bad_grids_and_rotation_blocks_are_refused() {
         assert!(matches!(
-            Plan::new(8, 4096, &config(Algorithm::TwoLevel { outer: 3, inner: 3 })),
+            Plan::new(
+                8,
+                4096,
+                &Config {
+                    grid: Some(Grid { outer: 3, inner: 3 }),
+                    ..config(Algorithm::TwoLevel)
+                }
+            ),
             Err(PlanError::BadGrid { .. })
         ));
         let c = Config {

@@ -1,10 +1,11 @@
-//! Loop fusions for a module that is already fused.
+//! `outline-fusions`: loop fusions for what equarx emitted into a module
+//! that is already fused.
 //!
 //! A compiler that runs the pass late (XLA's pre-scheduler hook, where the
-//! JAX door sits) has done its fusion: every new elementwise op would run
-//! as a kernel of its own, one trip through memory each. Here the ring's
-//! quantize and dequantize-add chains are outlined into `kLoop` fusions the
-//! way XLA's own instruction fusion would make them:
+//! JAX door sits; [`Stage::Fused`]) has done its fusion: every new
+//! elementwise op would run as a kernel of its own, one trip through memory
+//! each. Here the quantize and dequantize-add chains are outlined into
+//! `kLoop` fusions the way XLA's own instruction fusion would make them:
 //!
 //! - consumers first, a producer joins its consumer's fusion when every
 //!   user of the producer is in that fusion (nothing is computed twice and
@@ -16,49 +17,97 @@
 //!   fusion that uses them rather than passed in;
 //! - collectives, parameters, tuples and the rank lookup stay outside.
 //!
-//! Only instructions the pass emitted are touched.
+//! Only instructions equarx emitted are touched: those whose metadata
+//! names the collective they came from (`op_name` `equarx[...]`, which
+//! every emitted instruction carries, loop bodies included).
+//!
+//! Why it is sound: an outlined fusion computes what its members computed,
+//! from the same operands; only a fusion's root is used outside it.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use super::{Pass, PassError, Stage};
+use crate::ir::opcode::{Class, Opcode};
 use crate::ir::{CompId, Edits, InstrId, Module};
+use crate::options::FuseMode;
 use crate::proto::{HloComputationProto, HloInstructionProto, ProgramShapeProto};
 
-/// Ops a loop fusion may hold.
+/// The pass: outlines equarx's emitted chains when `fuse` says so (`auto`:
+/// in a fused module).
+pub struct OutlineFusions {
+    pub fuse: FuseMode,
+    pub stage: Stage,
+}
+
+impl Pass for OutlineFusions {
+    fn name(&self) -> &'static str {
+        "outline-fusions"
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
+        let on = match self.fuse {
+            FuseMode::On => true,
+            FuseMode::Off => false,
+            FuseMode::Auto => self.stage == Stage::Fused,
+        };
+        if !on {
+            return Ok(false);
+        }
+        let before = module.computations().len();
+        let comps: Vec<CompId> = module
+            .computations()
+            .iter()
+            .filter(|c| !c.is_fusion())
+            .map(|c| c.id())
+            .collect();
+        let mut changed = false;
+        for comp in comps {
+            let emitted: HashSet<i64> =
+                module.computation(comp).map_or_else(HashSet::default, |c| {
+                    c.instructions()
+                        .iter()
+                        .filter(|i| emitted_by_equarx(i))
+                        .map(|i| i.id)
+                        .collect()
+                });
+            if !emitted.is_empty() {
+                changed |= fuse_emitted(module, comp, &emitted)?;
+            }
+        }
+        Ok(changed || module.computations().len() != before)
+    }
+}
+
+/// Whether equarx emitted `i` (its metadata names a collective equarx
+/// rewrote).
+pub fn emitted_by_equarx(i: &HloInstructionProto) -> bool {
+    i.metadata
+        .as_ref()
+        .is_some_and(|m| m.op_name.starts_with("equarx["))
+}
+
+/// Ops a loop fusion may hold: elementwise ops, the data movement a
+/// rewrite emits, and reductions (only as a fusion's root).
 fn fusible(i: &HloInstructionProto) -> bool {
-    matches!(
-        i.opcode.as_str(),
-        "abs"
-            | "add"
-            | "and"
-            | "bitcast-convert"
-            | "broadcast"
-            | "clamp"
-            | "compare"
-            | "concatenate"
-            | "constant"
-            | "convert"
-            | "divide"
-            | "dynamic-slice"
-            | "iota"
-            | "is-finite"
-            | "maximum"
-            | "minimum"
-            | "multiply"
-            | "negate"
-            | "or"
-            | "pad"
-            | "reduce"
-            | "reduce-precision"
-            | "remainder"
-            | "reshape"
-            | "round-nearest-even"
-            | "select"
-            | "shift-left"
-            | "shift-right-arithmetic"
-            | "shift-right-logical"
-            | "slice"
-            | "subtract"
-    )
+    Opcode::of(i).is_some_and(|op| {
+        op.is_elementwise()
+            || matches!(
+                op,
+                Opcode::Broadcast
+                    | Opcode::Concatenate
+                    | Opcode::Constant
+                    | Opcode::DynamicSlice
+                    | Opcode::Iota
+                    | Opcode::Pad
+                    | Opcode::Reduce
+                    | Opcode::Reshape
+                    | Opcode::Slice
+            )
+    }) && Opcode::of(i).map(Opcode::class) != Some(Class::Collective)
+}
+
+fn is(i: &HloInstructionProto, op: Opcode) -> bool {
+    Opcode::of(i) == Some(op)
 }
 
 /// The emitted ops that are cheap to recompute wherever they are read, and
@@ -77,27 +126,25 @@ fn copied_ops(
         if !emitted.contains(&i.id) || !i.control_predecessor_ids.is_empty() {
             continue;
         }
-        let yes = match i.opcode.as_str() {
-            "constant" | "iota" => true,
-            "broadcast" => i
+        let yes = match Opcode::of(i) {
+            Some(Opcode::Constant | Opcode::Iota) => true,
+            Some(Opcode::Broadcast) => i
                 .operand_ids
                 .first()
                 .and_then(|o| by_id.get(o))
-                .is_some_and(|o| o.opcode == "constant"),
+                .is_some_and(|o| is(o, Opcode::Constant)),
             // Reads only the inputs (from outside the ring) and constants.
-            "convert" | "reshape" | "pad" => i
+            Some(Opcode::Convert | Opcode::Reshape | Opcode::Pad) => i
                 .operand_ids
                 .iter()
                 .all(|o| !emitted.contains(o) || copied.contains(o)),
             // The same, or the lanes' sums out of the ring's loop: the
             // gather's quantize reads them in place instead of from a
             // concatenated f32 copy.
-            "concatenate" => i.operand_ids.iter().all(|o| {
+            Some(Opcode::Concatenate) => i.operand_ids.iter().all(|o| {
                 !emitted.contains(o)
                     || copied.contains(o)
-                    || by_id
-                        .get(o)
-                        .is_some_and(|o| o.opcode == "get-tuple-element")
+                    || by_id.get(o).is_some_and(|o| is(o, Opcode::GetTupleElement))
             }),
             _ => false,
         };
@@ -109,10 +156,14 @@ fn copied_ops(
 }
 
 /// Outlines the fusible instructions among `emitted` (ids in computation
-/// `comp`) into loop fusions.
-pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
+/// `comp`) into loop fusions; whether anything changed.
+fn fuse_emitted(
+    module: &mut Module,
+    comp: CompId,
+    emitted: &HashSet<i64>,
+) -> Result<bool, PassError> {
     let Some(c) = module.computation(comp) else {
-        return;
+        return Ok(false);
     };
     let root_of_comp = c.root_id().0;
     let users = c.users();
@@ -138,7 +189,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
             if group.contains_key(&op)
                 || !eligible(op)
                 || copied.contains(&op)
-                || p.opcode == "reduce"
+                || is(p, Opcode::Reduce)
                 || op == root_of_comp
             {
                 continue;
@@ -163,7 +214,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
     // become a copy. Those stay out, and become bitcasts below.
     let only_reshapes = |m: &[i64]| {
         m.iter()
-            .all(|id| by_id.get(id).is_some_and(|i| i.opcode == "reshape"))
+            .all(|id| by_id.get(id).is_some_and(|i| is(i, Opcode::Reshape)))
     };
     let mut roots: Vec<i64> = members
         .iter()
@@ -179,7 +230,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
         .instructions()
         .iter()
         .filter(|i| {
-            i.opcode == "reshape"
+            is(i, Opcode::Reshape)
                 && emitted.contains(&i.id)
                 && members
                     .get(group.get(&i.id).unwrap_or(&i.id))
@@ -195,13 +246,14 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
     let mut outlined = Vec::with_capacity(roots.len());
     for root in roots {
         let ids = &members[&root];
-        outlined.push(outline(&by_id, &copied, ids, root));
+        outlined.push(outline(&by_id, &copied, ids, root)?);
     }
+    let changed = !outlined.is_empty() || !bitcasts.is_empty();
 
     if let Some(c) = module.computation_mut(comp) {
         for id in bitcasts {
             if let Some(i) = c.get_mut(InstrId(id)) {
-                i.opcode = "bitcast".into();
+                i.opcode = Opcode::Bitcast.as_str().into();
             }
         }
     }
@@ -220,7 +272,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
         *root = HloInstructionProto {
             id: root.id,
             name,
-            opcode: "fusion".into(),
+            opcode: Opcode::Fusion.as_str().into(),
             shape: root.shape.take(),
             metadata: root.metadata.take(),
             fusion_kind: "kLoop".into(),
@@ -248,6 +300,7 @@ pub fn fuse_emitted(module: &mut Module, comp: CompId, emitted: &HashSet<i64>) {
         }
         module.apply(comp, dead);
     }
+    Ok(changed)
 }
 
 /// An array laid out row-major (dimension 0 most major), the layout
@@ -278,7 +331,7 @@ fn outline(
     copied: &HashSet<i64>,
     members: &[i64],
     root: i64,
-) -> Outline {
+) -> Result<Outline, PassError> {
     /// The fused computation under construction.
     struct Body<'a> {
         by_id: &'a HashMap<i64, &'a HloInstructionProto>,
@@ -299,31 +352,39 @@ fn outline(
             l
         }
         /// The local id of `op` read from inside: copied in (with what it
-        /// reads) if it is a copied op, else a parameter.
-        fn operand(&mut self, op: i64) -> i64 {
+        /// reads) if it is a copied op, else a parameter. Every operand of
+        /// a verified module's instruction is in its computation, so one
+        /// that is not is a bug, reported as such.
+        fn operand(&mut self, op: i64) -> Result<i64, PassError> {
             if let Some(&l) = self.local.get(&op) {
-                return l;
+                return Ok(l);
             }
             let by_id = self.by_id;
-            let Some(p) = by_id.get(&op) else {
-                return -1;
-            };
+            let p = by_id.get(&op).ok_or_else(|| {
+                PassError::Failed(format!(
+                    "a fused instruction reads {op}, which is not in its computation"
+                ))
+            })?;
             if self.copied.contains(&op) {
                 let mut i = (*p).clone();
-                i.operand_ids = i.operand_ids.iter().map(|&o| self.operand(o)).collect();
-                return self.push(op, i);
+                i.operand_ids = i
+                    .operand_ids
+                    .iter()
+                    .map(|&o| self.operand(o))
+                    .collect::<Result<_, _>>()?;
+                return Ok(self.push(op, i));
             }
             let n = self.params.len();
             self.params.push(op);
             self.param_shapes.push(p.shape.clone().unwrap_or_default());
             let param = HloInstructionProto {
                 name: format!("param_{n}"),
-                opcode: "parameter".into(),
+                opcode: Opcode::Parameter.as_str().into(),
                 shape: p.shape.clone(),
                 parameter_number: n as i64,
                 ..Default::default()
             };
-            self.push(op, param)
+            Ok(self.push(op, param))
         }
     }
 
@@ -344,7 +405,7 @@ fn outline(
             .operand_ids
             .iter()
             .map(|&op| body.operand(op))
-            .collect();
+            .collect::<Result<_, _>>()?;
         body.push(m, i);
     }
     let Body {
@@ -355,7 +416,7 @@ fn outline(
         ..
     } = body;
     let result = by_id[&root].shape.clone();
-    Outline {
+    Ok(Outline {
         root,
         members: members.to_vec(),
         params,
@@ -370,5 +431,5 @@ fn outline(
             instructions: body,
             ..Default::default()
         },
-    }
+    })
 }

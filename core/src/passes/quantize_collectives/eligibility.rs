@@ -13,11 +13,14 @@
 //! enabled-type list (for floating-point operands); `"false"` opts out.
 
 use super::groups::{Participants, participants};
-use super::{Options, SkipReason};
+use super::report::SkipReason;
 use crate::ir::DeviceCounts;
+use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, InstrId, Module, shape};
+use crate::numerics::QUANTIZABLE;
+use crate::options::Options;
 use crate::plan::Collective;
-use crate::proto::{HloInstructionProto, PrimitiveType, ShapeProto};
+use crate::proto::{HloInstructionProto, ShapeProto};
 
 /// Frontend attribute that forces the rewrite on (`"true"`) or off
 /// (`"false"`) for one all-reduce.
@@ -35,24 +38,54 @@ pub struct Candidate {
     pub instr: InstrId,
     /// The `-done` of an async pair.
     pub done: Option<InstrId>,
-    /// Per operand: its id, its shape, and whether it joins the pipeline.
-    pub operands: Vec<(InstrId, ShapeProto, bool)>,
+    /// Every operand, in order.
+    pub operands: Vec<Operand>,
     pub participants: Participants,
     /// Bytes of the operands that join the pipeline, in their own types.
     pub payload_bytes: u64,
     pub forced: bool,
 }
 
-/// The opcodes [`examine`] looks at (the `-done` halves come with their
-/// starts).
-pub const OPCODES: &[&str] = &[
-    "all-reduce",
-    "all-reduce-start",
-    "reduce-scatter",
-    "all-gather",
-    "all-gather-start",
-    "all-to-all",
-];
+/// One operand of a candidate.
+#[derive(Clone, Debug)]
+pub struct Operand {
+    pub id: InstrId,
+    pub shape: ShapeProto,
+    /// Whether it joins the quantized pipeline (an all-reduce may leave
+    /// some operands to a plain all-reduce of their own).
+    pub quantized: bool,
+}
+
+impl Candidate {
+    /// The operands that join the pipeline.
+    pub fn quantized(&self) -> impl Iterator<Item = &Operand> {
+        self.operands.iter().filter(|o| o.quantized)
+    }
+
+    /// Explicit mantissa bits of the narrowest quantized operand type: the
+    /// precision the result is rounded to.
+    pub fn mantissa_bits(&self) -> u32 {
+        self.quantized()
+            .map(|o| crate::numerics::mantissa_bits(o.shape.element_type))
+            .min()
+            .unwrap_or(23)
+    }
+}
+
+/// The collective an opcode is rewritten as, for the opcodes [`examine`]
+/// looks at (the `-done` halves come with their starts), with whether it
+/// is the `-start` of an async pair and, if so, its `-done`.
+pub fn rewritable(op: Opcode) -> Option<(Collective, Option<Opcode>)> {
+    Some(match op {
+        Opcode::AllReduce => (Collective::AllReduce, None),
+        Opcode::AllReduceStart => (Collective::AllReduce, Some(Opcode::AllReduceDone)),
+        Opcode::ReduceScatter => (Collective::ReduceScatter, None),
+        Opcode::AllGather => (Collective::AllGather, None),
+        Opcode::AllGatherStart => (Collective::AllGather, Some(Opcode::AllGatherDone)),
+        Opcode::AllToAll => (Collective::AllToAll, None),
+        _ => return None,
+    })
+}
 
 /// Decides whether `instr` (a collective in `comp`) is rewritten.
 pub fn examine(
@@ -80,20 +113,10 @@ pub fn examine(
     if comp.is_fusion() {
         return Err(SkipReason::InFusion);
     }
-    let (collective, done) = match instr.opcode.as_str() {
-        "all-reduce" => (Collective::AllReduce, None),
-        "all-reduce-start" => (
-            Collective::AllReduce,
-            Some(single_done(comp, instr, "all-reduce-done")?),
-        ),
-        "reduce-scatter" => (Collective::ReduceScatter, None),
-        "all-gather" => (Collective::AllGather, None),
-        "all-gather-start" => (
-            Collective::AllGather,
-            Some(single_done(comp, instr, "all-gather-done")?),
-        ),
-        "all-to-all" => (Collective::AllToAll, None),
-        _ => return Err(SkipReason::NotAllReduce),
+    let (collective, done) = match Opcode::of(instr).and_then(rewritable) {
+        Some((collective, None)) => (collective, None),
+        Some((collective, Some(done))) => (collective, Some(single_done(comp, instr, done)?)),
+        None => return Err(SkipReason::NotRewritable),
     };
     let has_control = !instr.control_predecessor_ids.is_empty()
         || comp.instructions().iter().any(|i| {
@@ -116,15 +139,19 @@ pub fn examine(
         let shape = comp
             .get(InstrId(op))
             .and_then(|o| o.shape.clone())
-            .ok_or_else(|| SkipReason::BadGroups(format!("operand {op} is missing")))?;
-        let ok = operand_ok(&shape, options, forced);
+            .ok_or(SkipReason::MissingOperand(op))?;
+        let ok = operand_ok(op, &shape, options, forced);
         if let Err(reason) = &ok {
             first_refusal.get_or_insert_with(|| reason.clone());
         }
-        operands.push((InstrId(op), shape, ok.is_ok()));
+        operands.push(Operand {
+            id: InstrId(op),
+            shape,
+            quantized: ok.is_ok(),
+        });
     }
-    if !operands.iter().any(|o| o.2) {
-        return Err(first_refusal.unwrap_or(SkipReason::NotAllReduce));
+    if !operands.iter().any(|o| o.quantized) {
+        return Err(first_refusal.unwrap_or(SkipReason::NoOperands));
     }
     // Only the all-reduce packs some operands and leaves others: the other
     // collectives move all of theirs, or none.
@@ -137,8 +164,8 @@ pub fn examine(
     let dimension = shape_rules(collective, instr, &operands, participants.group_size())?;
     let payload_bytes: u64 = operands
         .iter()
-        .filter(|o| o.2)
-        .map(|o| shape::byte_size(&o.1).unwrap_or(u64::MAX))
+        .filter(|o| o.quantized)
+        .map(|o| shape::byte_size(&o.shape).unwrap_or(u64::MAX))
         .fold(0u64, u64::saturating_add);
     if let Some(min) = options
         .min_payload_bytes
@@ -162,11 +189,11 @@ pub fn examine(
     })
 }
 
-fn operand_ok(s: &ShapeProto, options: &Options, forced: bool) -> Result<(), SkipReason> {
+fn operand_ok(id: i64, s: &ShapeProto, options: &Options, forced: bool) -> Result<(), SkipReason> {
     let ty = s.element_type;
     let name = shape::type_name(ty).unwrap_or("?").to_string();
     if !shape::is_array(s) {
-        return Err(SkipReason::TypeNotEnabled(name));
+        return Err(SkipReason::TupleOperand(id));
     }
     if s.is_dynamic_dimension.iter().any(|&d| d) {
         return Err(SkipReason::DynamicShape);
@@ -174,14 +201,11 @@ fn operand_ok(s: &ShapeProto, options: &Options, forced: bool) -> Result<(), Ski
     if !shape::is_float(ty) {
         return Err(SkipReason::NotFloat(name));
     }
-    let quantizable = [PrimitiveType::Bf16, PrimitiveType::F16, PrimitiveType::F32]
-        .iter()
-        .any(|t| *t as i32 == ty);
-    let enabled = options.element_types.iter().any(|t| *t as i32 == ty);
-    if !(enabled || forced && quantizable) {
-        return Err(SkipReason::TypeNotEnabled(name));
+    if !QUANTIZABLE.iter().any(|&t| t as i32 == ty) {
+        return Err(SkipReason::NotQuantizable(name));
     }
-    if !quantizable {
+    // A forced op quantizes any quantizable type, enabled or not.
+    if !forced && !options.element_types.iter().any(|&t| t as i32 == ty) {
         return Err(SkipReason::TypeNotEnabled(name));
     }
     Ok(())
@@ -194,7 +218,7 @@ fn operand_ok(s: &ShapeProto, options: &Options, forced: bool) -> Result<(), Ski
 fn shape_rules(
     collective: Collective,
     instr: &HloInstructionProto,
-    operands: &[(InstrId, ShapeProto, bool)],
+    operands: &[Operand],
     p: usize,
 ) -> Result<Option<i64>, SkipReason> {
     let unsupported = |why: String| Err(SkipReason::Unsupported(why));
@@ -203,8 +227,8 @@ fn shape_rules(
     }
     let op = collective.opcode();
     if collective == Collective::AllToAll && instr.dimensions.is_empty() {
-        let first = &operands[0].1;
-        if operands.len() != p || operands.iter().any(|o| !shape::compatible(&o.1, first)) {
+        let first = &operands[0].shape;
+        if operands.len() != p || operands.iter().any(|o| !shape::compatible(&o.shape, first)) {
             return unsupported(format!(
                 "a tuple all-to-all needs one operand per rank ({p}), all of one shape"
             ));
@@ -214,7 +238,7 @@ fn shape_rules(
     if operands.len() != 1 {
         return unsupported(format!("{op} of {} operands (a tuple)", operands.len()));
     }
-    let dims = &operands[0].1.dimensions;
+    let dims = &operands[0].shape.dimensions;
     let Some(&d) = instr.dimensions.first() else {
         return unsupported(format!("{op} without a dimension"));
     };
@@ -235,7 +259,7 @@ fn shape_rules(
 fn single_done(
     comp: &Computation,
     start: &HloInstructionProto,
-    done_opcode: &str,
+    done_opcode: Opcode,
 ) -> Result<InstrId, SkipReason> {
     let users: Vec<&HloInstructionProto> = comp
         .instructions()
@@ -243,7 +267,7 @@ fn single_done(
         .filter(|i| i.operand_ids.contains(&start.id))
         .collect();
     match users.as_slice() {
-        [done] if done.opcode == done_opcode && comp.root_id().0 != start.id => {
+        [done] if Opcode::of(done) == Some(done_opcode) && comp.root_id().0 != start.id => {
             Ok(InstrId(done.id))
         }
         _ => Err(SkipReason::AsyncShape),
@@ -262,14 +286,14 @@ fn check_sum(module: &Module, instr: &HloInstructionProto) -> Result<(), SkipRea
     let root = c
         .get(c.root_id())
         .ok_or_else(|| SkipReason::NotSum("the reduction has no root".into()))?;
-    if root.opcode != "add" {
+    if Opcode::of(root) != Some(Opcode::Add) {
         return Err(SkipReason::NotSum(format!("its root is {}", root.opcode)));
     }
     let params: Vec<i64> = root
         .operand_ids
         .iter()
         .filter_map(|&o| c.get(InstrId(o)))
-        .filter(|p| p.opcode == "parameter")
+        .filter(|p| Opcode::of(p) == Some(Opcode::Parameter))
         .map(|p| p.parameter_number)
         .collect();
     let scalar = root.shape.as_ref().is_some_and(|s| s.dimensions.is_empty());

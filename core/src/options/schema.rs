@@ -1,0 +1,490 @@
+//! The table of options: one [`OptionSpec`] per option, which every door
+//! reads (see the module's docs on adding one).
+
+use serde_json::Value;
+
+use super::readers::{
+    auto_choice, auto_name, auto_names, boolean, byte_count, choice, integer, list, name_of, names,
+    nullable, number, size, text, type_name, whole,
+};
+use super::{FuseMode, MAX_BLOCK_SIZE, MAX_PIPELINE_DEPTH, RewriteOptions, parse_element_types};
+use crate::passes::Stage;
+use crate::plan::{Algorithm, GatherForm, QuantFormat, Rotation, ScaleType};
+
+/// How an option's value is written, for `--help` and the docs; also how
+/// the command line reads it (a flag, a list that may repeat).
+#[derive(Clone, Copy, Debug)]
+pub enum Syntax {
+    /// A whole number, shown as the given placeholder (`B`, `D`, `N`).
+    Whole(&'static str),
+    /// A number (may have a fraction), shown as the given placeholder.
+    Number(&'static str),
+    /// `true` or `false`; a bare flag on the command line means `true`.
+    Bool,
+    /// Bytes: a whole number, or with a suffix `KiB`, `MiB`, `GiB`.
+    Bytes,
+    /// One of the names an enum knows (`auto|on|off`).
+    Choice(fn() -> Vec<String>),
+    /// Free text, shown as the given placeholder.
+    Text(&'static str),
+    /// A list: a JSON array, or comma-separated text (the flag may repeat).
+    List(&'static str),
+}
+
+impl Syntax {
+    /// The value's placeholder: `B`, `true|false`, `auto|on|off`, `TYPE,...`.
+    pub fn placeholder(&self) -> String {
+        match self {
+            Syntax::Whole(p) | Syntax::Number(p) | Syntax::Text(p) => (*p).to_string(),
+            Syntax::Bool => "true|false".into(),
+            Syntax::Bytes => "BYTES".into(),
+            Syntax::Choice(names) => names().join("|"),
+            Syntax::List(p) => format!("{p},..."),
+        }
+    }
+
+    pub fn is_list(&self) -> bool {
+        matches!(self, Syntax::List(_))
+    }
+}
+
+/// One option.
+pub struct OptionSpec {
+    /// The JSON key and C++ name; the CLI flag is `--` + this with `-`.
+    pub name: &'static str,
+    /// Older names, accepted by every door.
+    pub aliases: &'static [&'static str],
+    pub syntax: Syntax,
+    /// One line: `--help`, the C/C++ key lists.
+    pub help: &'static str,
+    /// Why the default is what it is (the README's table; markdown).
+    pub why: &'static str,
+    /// What the option means when it is not set and [`OptionSpec::show`]
+    /// has nothing to show (`the cost model decides`).
+    pub unset: &'static str,
+    /// A valid value that is not the default (tests send it through every
+    /// door).
+    pub example: &'static str,
+    /// A value the option refuses, and the start of the message after
+    /// `option NAME: ` (`None`: every text is a valid value).
+    pub refused: Option<(&'static str, &'static str)>,
+    /// Reads a value into the options.
+    pub set: fn(&mut RewriteOptions, &Value) -> Result<(), String>,
+    /// What the option's value may be, given the others (the message
+    /// follows `option NAME: `); [`super::validate`] runs every check.
+    pub check: fn(&RewriteOptions) -> Result<(), String>,
+    /// The current value as text that `set` reads back; `None` when unset.
+    pub show: fn(&RewriteOptions) -> Option<String>,
+}
+
+impl OptionSpec {
+    /// The command-line flag, without the dashes: `block-size`.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// The default: its value, or what being unset means (`none`, `the
+    /// cost model decides`).
+    pub fn default_text(&self) -> String {
+        match (self.show)(&RewriteOptions::default()) {
+            Some(v) if !v.is_empty() => v,
+            _ => self.unset.to_string(),
+        }
+    }
+}
+
+/// The check of an option that any value of its type suits.
+fn any(_: &RewriteOptions) -> Result<(), String> {
+    Ok(())
+}
+
+/// Every option, in the order the docs list them.
+pub static OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "block_size",
+        aliases: &[],
+        syntax: Syntax::Whole("B"),
+        help: "Elements per quantization block (B): one scale per block.",
+        why: "with bf16 scales, the same bytes as B = 128 with f32 scales and 21 % less error \
+              on outlier-heavy activations ([BENCHMARKS.md](BENCHMARKS.md))",
+        unset: "",
+        example: "32",
+        refused: Some(("many", "expected a whole number")),
+        set: |o, v| {
+            o.pass.block_size = size(whole(v)?)?;
+            Ok(())
+        },
+        show: |o| Some(o.pass.block_size.to_string()),
+        check: |o| {
+            let b = o.pass.block_size;
+            if !(1..=MAX_BLOCK_SIZE).contains(&b) {
+                return Err(format!(
+                    "block size must be in 1..={MAX_BLOCK_SIZE}, is {b}"
+                ));
+            }
+            // What a block size must be for the format and the rotation
+            // asked for: the plan's own rule.
+            let rotation = o.pass.rotation.unwrap_or(Rotation::None);
+            crate::plan::check_block(b, o.pass.quant_format, rotation).map_err(|e| e.to_string())
+        },
+    },
+    OptionSpec {
+        name: "scale_type",
+        aliases: &[],
+        syntax: Syntax::Choice(names::<ScaleType>),
+        help: "Type of the per-block scales on the wire.",
+        why: "codes are computed against the rounded scale",
+        unset: "",
+        example: "f32",
+        refused: Some(("f64", "\"f64\" is not one of")),
+        set: |o, v| {
+            o.pass.scale_type = choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(name_of(o.pass.scale_type)),
+        check: any,
+    },
+    OptionSpec {
+        name: "pipeline_depth",
+        aliases: &[],
+        syntax: Syntax::Whole("D"),
+        help: "Independent sub-chunk chains per ring direction (D).",
+        why: "one chain per direction: a bidirectional ring then has two chains the scheduler \
+              can overlap (one's transfer under the other's quantize), and each further lane \
+              adds about 35 instructions to the loop body (XLA:CPU overlaps none, \
+              [BENCHMARKS.md](BENCHMARKS.md))",
+        unset: "",
+        example: "2",
+        refused: Some(("-2", "expected a whole number")),
+        set: |o, v| {
+            o.pass.pipeline_depth = size(whole(v)?)?;
+            Ok(())
+        },
+        show: |o| Some(o.pass.pipeline_depth.to_string()),
+        check: |o| {
+            let d = o.pass.pipeline_depth;
+            if !(1..=MAX_PIPELINE_DEPTH).contains(&d) {
+                return Err(format!(
+                    "pipeline depth must be in 1..={MAX_PIPELINE_DEPTH}, is {d}"
+                ));
+            }
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "bidirectional",
+        aliases: &[],
+        syntax: Syntax::Bool,
+        help: "Send half of every chunk each way round the ring (false: one way, half the \
+               messages, half the link use).",
+        why: "half of every chunk goes each way; against an all-reduce that uses both \
+              directions of its links, a one-way ring has half the bandwidth \
+              (`--bidirectional false`)",
+        unset: "",
+        example: "false",
+        refused: Some(("yes", "expected true or false")),
+        set: |o, v| {
+            o.pass.bidirectional = boolean(v)?;
+            Ok(())
+        },
+        show: |o| Some(o.pass.bidirectional.to_string()),
+        check: any,
+    },
+    OptionSpec {
+        name: "min_payload_bytes",
+        aliases: &["min_payload"],
+        syntax: Syntax::Bytes,
+        help: "Rewrite only all-reduces of at least this many bytes (in their own type) \
+               instead of asking the cost model; 0 rewrites every eligible all-reduce.",
+        why: "a size threshold instead of the model; `0` rewrites every eligible all-reduce",
+        unset: "the cost model decides",
+        example: "1MiB",
+        refused: Some(("lots", "\"lots\" is not a byte count")),
+        set: |o, v| {
+            o.pass.min_payload_bytes = nullable(v, byte_count)?;
+            Ok(())
+        },
+        show: |o| o.pass.min_payload_bytes.map(|b| b.to_string()),
+        check: any,
+    },
+    OptionSpec {
+        name: "topology",
+        aliases: &[],
+        syntax: Syntax::Text("TOPOLOGY"),
+        help: "The machine the cost model predicts for: v5e, v6e, v5p, h100, h200, optionally \
+               with a slice shape (v5e:4x4; a slice smaller than the torus has no \
+               wraparound). The figures are a model.",
+        why: "the machine the cost model predicts for: the pass rewrites an all-reduce only \
+              where the model predicts a gain (on v5e, from about 1.6 MiB at P = 8); also \
+              v6e, v5p, h100, h200, slices like `v5e:4x4`",
+        unset: "",
+        example: "h100",
+        refused: Some(("v9x", "unknown topology")),
+        set: |o, v| {
+            o.pass.topology = crate::cost::Topology::parse(&text(v)?)?;
+            Ok(())
+        },
+        show: |o| Some(o.pass.topology.name.clone()),
+        check: any,
+    },
+    OptionSpec {
+        name: "types",
+        aliases: &[],
+        syntax: Syntax::List("TYPE"),
+        help: "Element types to quantize (bf16, f16, f32). XLA:CPU promotes bf16 all-reduces \
+               to f32 before scheduling: use bf16,f32 there.",
+        why: "XLA:CPU promotes bf16 all-reduces to f32 before scheduling: use `bf16,f32` there",
+        unset: "",
+        example: "bf16,f32",
+        refused: Some(("s32", "element type \"s32\" is not one of")),
+        set: |o, v| {
+            o.pass.element_types = parse_element_types(&list(v)?)?;
+            Ok(())
+        },
+        show: |o| {
+            let names: Vec<&str> = o.pass.element_types.iter().map(|t| type_name(*t)).collect();
+            Some(names.join(","))
+        },
+        check: |o| match o
+            .pass
+            .element_types
+            .iter()
+            .find(|t| !crate::numerics::QUANTIZABLE.contains(t))
+        {
+            Some(t) => Err(format!("element type {t:?} cannot be quantized")),
+            None => Ok(()),
+        },
+    },
+    OptionSpec {
+        name: "gather",
+        aliases: &[],
+        syntax: Syntax::Choice(names::<GatherForm>),
+        help: "How the reduced chunks reach every rank: one all-gather, or P-1 \
+               collective-permute hops round the same ring.",
+        why: "or `permute`: P−1 collective-permute hops round the same ring",
+        unset: "",
+        example: "permute",
+        refused: Some(("broadcast", "\"broadcast\" is not one of")),
+        set: |o, v| {
+            o.pass.gather = choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(name_of(o.pass.gather)),
+        check: any,
+    },
+    OptionSpec {
+        name: "fuse",
+        aliases: &[],
+        syntax: Syntax::Choice(names::<FuseMode>),
+        help: "Outline the emitted quantize / dequantize chains into loop fusions: auto does \
+               when the module is past XLA's fusion (--stage fused, or detected: a dump after \
+               optimizations, the pre-scheduler hook).",
+        why: "outline the quantize / dequantize-add chains into `kLoop` fusions when the \
+              module is already fused (XLA's pre-scheduler hook: the JAX door; a dump after \
+              optimizations); before fusion XLA fuses them itself. `on` / `off` force it. A \
+              rewritten after-optimizations dump that you send through XLA's whole pipeline \
+              again (e.g. via MLIR) wants `off`: XLA's layout assignment refuses modules that \
+              already hold bitcasts",
+        unset: "",
+        example: "off",
+        refused: Some(("maybe", "\"maybe\" is not one of")),
+        set: |o, v| {
+            o.pass.fuse = choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(name_of(o.pass.fuse)),
+        check: any,
+    },
+    OptionSpec {
+        name: "stage",
+        aliases: &[],
+        syntax: Syntax::Choice(auto_names::<Stage>),
+        help: "Where in XLA's pipeline the module is: pre-fusion (after SPMD partitioning, \
+               before fusion) or fused (after XLA's fusion, as at the pre-scheduler hook); \
+               auto: fused when the module holds a fusion. It sets the forms the rewrite \
+               emits (the all-to-all's, and whether --fuse auto outlines loop fusions); \
+               the report names it.",
+        why: "a module that holds fusions is past XLA's fusion (the JAX door's pre-scheduler \
+              hook): XLA will not fuse or decompose what the pass emits any more, so the \
+              pass fuses it and writes the collectives in the forms XLA's runtime runs. Name \
+              the stage when the guess could be wrong (a fused module that still runs XLA's \
+              passes, or one with no fusion to show)",
+        unset: "",
+        example: "fused",
+        refused: Some(("late", "\"late\" is not one of")),
+        set: |o, v| {
+            o.pass.stage = auto_choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(auto_name(o.pass.stage)),
+        check: any,
+    },
+    OptionSpec {
+        name: "quant_format",
+        aliases: &[],
+        syntax: Syntax::Choice(names::<QuantFormat>),
+        help: "What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448 or /57344, \
+               the float's own rounding), int4 (absmax/7, two codes per byte; opt-in).",
+        why: "int8 errs least on Gaussian data at the same bytes; fp8 keeps a relative error \
+              per value, whatever the block's outliers; int4 sends about 3.4x fewer bytes than \
+              bf16 at a much larger error, for slow links (the CLI's `--format` names the \
+              output container, hence `--quant-format`; `--format int4` is refused with a \
+              pointer to it)",
+        unset: "",
+        example: "fp8-e4m3",
+        refused: Some(("int3", "\"int3\" is not one of")),
+        set: |o, v| {
+            o.pass.quant_format = choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(name_of(o.pass.quant_format)),
+        check: any,
+    },
+    OptionSpec {
+        name: "algorithm",
+        aliases: &[],
+        syntax: Syntax::Choice(auto_names::<Algorithm>),
+        help: "The reduce algorithm: ring (P-1 requantizing hops; a torus ring), two-shot \
+               (quantize once, one all-to-all, the owner sums in f32; switched fabrics), \
+               two-level (a ring per axis of a 2-D slice); auto lets the time model choose per op.",
+        why: "per op, the time model picks among ring, two-shot and (when `--topology` names \
+              a 2-D slice of the group's size) two-level; plans within 5 % of the fastest go \
+              by predicted error. On v5e that is two-shot up to about 1 MiB and the ring \
+              above; on an H100 node two-shot (an all-to-all costs no more link time on a \
+              switch, and quantizes twice instead of P times)",
+        unset: "",
+        example: "two-shot",
+        refused: Some(("tree", "\"tree\" is not one of")),
+        set: |o, v| {
+            o.pass.algorithm = auto_choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(auto_name(o.pass.algorithm)),
+        check: any,
+    },
+    OptionSpec {
+        name: "rotation",
+        aliases: &[],
+        syntax: Syntax::Choice(auto_names::<Rotation>),
+        help: "Rotate every block by an orthonormal Hadamard transform before quantizing \
+               (undone once at the end): an outlier's energy spreads over its block. auto: \
+               wherever the time model says it costs at most 5 %.",
+        why: "an outlier sets its block's step; rotated, the block's energy is spread evenly, \
+              which cuts the error on outlier-heavy activations several times (P = 8, 100x \
+              outliers on 0.1 % of the inputs: 3.6 % → 0.5 % in real XLA) and changes nothing \
+              on Gaussian data. Needs a power-of-two block size",
+        unset: "",
+        example: "hadamard",
+        refused: Some(("givens", "\"givens\" is not one of")),
+        set: |o, v| {
+            o.pass.rotation = auto_choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(auto_name(o.pass.rotation)),
+        check: any,
+    },
+    OptionSpec {
+        name: "unroll",
+        aliases: &[],
+        syntax: Syntax::Bool,
+        help: "Write every ring step out instead of a while loop over the steps: the rewrite \
+               then grows with P and the lanes, and XLA compiles it many times slower.",
+        why: "the loop keeps a rewritten all-reduce under 200 instructions for any P: XLA:CPU \
+              compiles a 16-layer prefill's ring rewrite in 1.8x the original's time and a \
+              62-layer one in 2.1x; unrolled (571 instructions per P = 8 ring, one lane a way) \
+              4.4x and 22x ([BENCHMARKS.md](BENCHMARKS.md)). Unroll when a scheduler should \
+              interleave steps across the whole ring and compile time does not matter",
+        unset: "",
+        example: "true",
+        refused: Some(("sometimes", "expected true or false")),
+        set: |o, v| {
+            o.pass.unroll = boolean(v)?;
+            Ok(())
+        },
+        show: |o| Some(o.pass.unroll.to_string()),
+        check: any,
+    },
+    OptionSpec {
+        name: "max_error",
+        aliases: &["max_error_pct"],
+        syntax: Syntax::Number("PCT"),
+        help: "An error budget: the fastest configuration whose predicted relative RMS error \
+               (Gaussian data, percent) is at most this; an op with none is skipped with the \
+               reason.",
+        why: "unset, the time model alone chooses (with rotation wherever it is cheap). With a \
+              budget, configurations the error model predicts above it are left out; the \
+              prediction is for Gaussian data, and outlier-heavy data errs more without \
+              rotation",
+        unset: "none",
+        example: "1.1",
+        refused: Some(("-1", "the error budget must be a positive percentage")),
+        set: |o, v| {
+            o.pass.max_error_pct = nullable(v, number)?;
+            Ok(())
+        },
+        show: |o| o.pass.max_error_pct.map(|e| e.to_string()),
+        check: |o| match o.pass.max_error_pct {
+            Some(e) if !(e.is_finite() && e > 0.0) => Err(format!(
+                "the error budget must be a positive percentage, is {e}"
+            )),
+            _ => Ok(()),
+        },
+    },
+    OptionSpec {
+        name: "replica_count",
+        aliases: &[],
+        syntax: Syntax::Whole("N"),
+        help: "Replicas the module runs with; overrides what the module says.",
+        why: "needed when the module does not say (a bare proto without `device_assignment`)",
+        unset: "from the module",
+        example: "1",
+        refused: Some(("one", "expected an integer")),
+        set: |o, v| {
+            o.counts.replica_count = nullable(v, integer)?;
+            Ok(())
+        },
+        show: |o| o.counts.replica_count.map(|n| n.to_string()),
+        check: |o| match o.counts.replica_count {
+            Some(n) if n < 1 => Err(format!("must be at least 1, is {n}")),
+            _ => Ok(()),
+        },
+    },
+    OptionSpec {
+        name: "num_partitions",
+        aliases: &[],
+        syntax: Syntax::Whole("N"),
+        help: "Partitions the module runs with; overrides what the module says.",
+        why: "needed when the module does not say (a bare proto without `device_assignment`)",
+        unset: "from the module",
+        example: "8",
+        refused: Some(("eight", "expected an integer")),
+        set: |o, v| {
+            o.counts.num_partitions = nullable(v, integer)?;
+            Ok(())
+        },
+        show: |o| o.counts.num_partitions.map(|n| n.to_string()),
+        check: |o| match o.counts.num_partitions {
+            Some(n) if n < 1 => Err(format!("must be at least 1, is {n}")),
+            _ => Ok(()),
+        },
+    },
+    OptionSpec {
+        name: "disabled_passes",
+        aliases: &["disable_pass"],
+        syntax: Syntax::List("PASS"),
+        help: "Passes to skip, by name: quantize-collectives (also by its old name, \
+               quantized-all-reduce), remove-dead-widenings, outline-fusions; an unknown name \
+               is an error when the pipeline runs.",
+        why: "skip a pass, e.g. to compare with the module decoded, verified and encoded \
+              but not rewritten",
+        unset: "none",
+        example: "quantize-collectives",
+        refused: None,
+        set: |o, v| {
+            o.disabled_passes = list(v)?;
+            Ok(())
+        },
+        show: |o| Some(o.disabled_passes.join(",")),
+        check: any,
+    },
+];

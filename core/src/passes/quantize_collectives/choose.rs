@@ -1,0 +1,319 @@
+//! The choice of a plan per op: every configuration the options allow is
+//! planned ([`crate::plan`]), timed by the cost model ([`crate::cost`]) and
+//! given its predicted error ([`crate::numerics::error`]); the rules below
+//! pick one, or say why none pays.
+//!
+//! 1. **Candidates**: every algorithm `--algorithm` allows (ring and
+//!    two-shot, plus two-level when `--topology` names a 2-D slice of the
+//!    group's size), each with and without rotation (`--rotation auto`,
+//!    integer codes and power-of-two blocks only).
+//! 2. **Rotation where it is cheap**: per algorithm, the rotated plan stays
+//!    only if the time model puts it within 5 % of the unrotated one.
+//! 3. **Budget**: with `--max-error`, plans predicted above it go.
+//! 4. **Choice**: among the plans within 5 % of the fastest, the lowest
+//!    predicted error wins (then the faster).
+//! 5. **Worth it**: a plan that sends no fewer bytes, or (with the cost
+//!    model deciding) that the model predicts slower, is a skip.
+
+use super::eligibility::Candidate;
+use super::report::{PredictedTime, SkipReason};
+use crate::cost::{Prediction, predict};
+use crate::numerics::error::predicted_rel_rms;
+use crate::options::Options;
+use crate::plan::{
+    Algorithm, Collective, Config, Form, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
+};
+
+/// The plan an op gets, with the time model's view of it.
+pub struct Choice {
+    pub plan: Plan,
+    pub time: PredictedTime,
+}
+
+/// What a collective moves, as far as the choice cares.
+#[derive(Clone, Copy, Debug)]
+pub struct Payload {
+    pub collective: Collective,
+    pub elements: usize,
+    /// Elements per row, for the collectives of rows ([`Plan::rows`]).
+    pub row: Option<usize>,
+    /// Bytes in the operands' own types.
+    pub bytes: u64,
+    /// Explicit mantissa bits of the narrowest operand type (bf16: 7).
+    pub mantissa_bits: u32,
+}
+
+impl Payload {
+    /// What candidate `c` moves.
+    pub fn of(c: &Candidate) -> Payload {
+        let elements: usize = c
+            .quantized()
+            .map(|o| crate::ir::shape::element_count(&o.shape).unwrap_or(u64::MAX) as usize)
+            .fold(0usize, usize::saturating_add);
+        let p = c.participants.group_size();
+        // Rows: a reduce-scatter's or all-to-all's operand is P of them, an
+        // all-gather's operand one.
+        let row = match c.collective {
+            Collective::AllReduce => None,
+            Collective::AllGather => Some(elements),
+            Collective::ReduceScatter | Collective::AllToAll => Some(elements / p.max(1)),
+        };
+        Payload {
+            collective: c.collective,
+            elements,
+            row,
+            bytes: c.payload_bytes,
+            mantissa_bits: c.mantissa_bits(),
+        }
+    }
+
+    /// Bytes per element in the operands' own types (the average over a
+    /// tuple of several types).
+    fn element_bytes(&self) -> f64 {
+        self.bytes as f64 / self.elements.max(1) as f64
+    }
+}
+
+/// How much slower than the same plan unrotated a rotated plan may be for
+/// `--rotation auto` to take it, and how close to the fastest algorithm
+/// another must come for the choice to go by error instead.
+const CHEAP: f64 = 1.05;
+
+/// Picks the plan for candidate `c`, or says why none pays.
+pub fn choose(c: &Candidate, options: &Options) -> Result<Choice, SkipReason> {
+    choose_plan(
+        c.participants.group_size(),
+        &Payload::of(c),
+        c.forced,
+        options,
+    )
+}
+
+/// The two-level grid `--topology` names for a group of `p`: its 2-D slice
+/// shape, when that has `p` devices.
+fn topology_grid(p: usize, options: &Options) -> Option<Grid> {
+    match options.topology.slice.as_slice() {
+        &[outer, inner] if outer >= 2 && inner >= 2 => {
+            let (outer, inner) = (outer as usize, inner as usize);
+            (outer.checked_mul(inner) == Some(p)).then_some(Grid { outer, inner })
+        }
+        _ => None,
+    }
+}
+
+/// The configurations `options` allow for a group of `p`: every allowed
+/// algorithm, each without and (where allowed) with rotation.
+fn configurations(p: usize, options: &Options) -> Vec<Config> {
+    let grid = topology_grid(p, options);
+    let algorithms: Vec<(Algorithm, Option<Grid>)> = match options.algorithm {
+        Some(Algorithm::Ring) => vec![(Algorithm::Ring, None)],
+        Some(Algorithm::TwoShot) => vec![(Algorithm::TwoShot, None)],
+        Some(Algorithm::TwoLevel) => grid
+            .or_else(|| Grid::balanced(p))
+            .map(|g| (Algorithm::TwoLevel, Some(g)))
+            .into_iter()
+            .collect(),
+        // Two-level only where the machine is a 2-D slice of the group.
+        None => [
+            Some((Algorithm::Ring, None)),
+            Some((Algorithm::TwoShot, None)),
+            grid.map(|g| (Algorithm::TwoLevel, Some(g))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    };
+    // Rotation evens out a block's magnitudes: it helps an integer code,
+    // whose step follows the block's largest value, and hurts a float
+    // code, which would otherwise hold that largest value exactly.
+    let rotations: &[Rotation] = match options.rotation {
+        Some(Rotation::None) => &[Rotation::None],
+        Some(Rotation::Hadamard) => &[Rotation::Hadamard],
+        None if options.block_size.is_power_of_two()
+            && options.quant_format.mantissa_bits().is_none() =>
+        {
+            &[Rotation::None, Rotation::Hadamard]
+        }
+        None => &[Rotation::None],
+    };
+    let mut out = Vec::new();
+    for &(algorithm, grid) in &algorithms {
+        for &rotation in rotations {
+            out.push(Config {
+                algorithm,
+                grid,
+                rotation,
+                block: options.block_size,
+                scale_type: options.scale_type,
+                format: options.quant_format,
+                pipeline_depth: options.pipeline_depth,
+                bidirectional: options.bidirectional,
+                gather: options.gather,
+                form: if options.unroll {
+                    Form::Unrolled
+                } else {
+                    Form::Loop
+                },
+            });
+        }
+    }
+    out
+}
+
+/// One planned configuration with the models' predictions.
+struct Scored {
+    plan: Plan,
+    time: Prediction,
+    /// Predicted relative RMS error, percent.
+    error_pct: f64,
+}
+
+/// [`choose`] for a payload over groups of `p`; `forced` waives the
+/// requirement that the rewrite pay.
+pub fn choose_plan(
+    p: usize,
+    payload: &Payload,
+    forced: bool,
+    options: &Options,
+) -> Result<Choice, SkipReason> {
+    let mut configs = configurations(p, options);
+    // The gather and the exchange of rows have no reduce algorithm to pick.
+    if matches!(
+        payload.collective,
+        Collective::AllGather | Collective::AllToAll
+    ) {
+        if let Some(first) = configs.first().map(|c| c.algorithm) {
+            configs.retain(|c| c.algorithm == first);
+        }
+        for c in &mut configs {
+            c.algorithm = Algorithm::Ring;
+            c.grid = None;
+        }
+    }
+    if configs.is_empty() {
+        // Only an asked-for two-level can leave nothing to plan: a group
+        // whose size has no grid.
+        return Err(SkipReason::Plan(PlanError::NoGrid(p)));
+    }
+    let mut scored = Vec::new();
+    let mut first_error = None;
+    for config in configs {
+        let planned = match payload.row {
+            None => Plan::new(p, payload.elements, &config),
+            Some(row) => Plan::rows(payload.collective, p, row, &config),
+        };
+        match planned {
+            Ok(plan) => scored.push(Scored {
+                time: predict(
+                    &options.topology,
+                    &plan,
+                    payload.bytes,
+                    payload.element_bytes(),
+                ),
+                error_pct: 100.0 * predicted_rel_rms(&plan, payload.mantissa_bits),
+                plan,
+            }),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if scored.is_empty() {
+        // Every configuration was planned and refused: say the first
+        // reason (there was at least one configuration).
+        return Err(SkipReason::Plan(
+            first_error.unwrap_or(PlanError::NoGrid(p)),
+        ));
+    }
+    if options.rotation.is_none() {
+        keep_rotation_where_cheap(&mut scored);
+    }
+    if let Some(budget) = options.max_error_pct {
+        let best = scored
+            .iter()
+            .min_by(|a, b| a.error_pct.total_cmp(&b.error_pct))
+            .map(|s| (describe_config(&s.plan.config), s.error_pct));
+        scored.retain(|s| s.error_pct <= budget);
+        if scored.is_empty() {
+            let (best, predicted) = best.unwrap_or_default();
+            return Err(SkipReason::OverBudget {
+                budget,
+                best,
+                predicted,
+            });
+        }
+    }
+    let fastest = scored
+        .iter()
+        .map(|s| s.time.equarx_us)
+        .fold(f64::INFINITY, f64::min);
+    // `scored` is not empty, and its fastest plan is within CHEAP of itself.
+    let Some(chosen) = scored
+        .into_iter()
+        .filter(|s| s.time.equarx_us <= CHEAP * fastest)
+        .min_by(|a, b| {
+            a.error_pct
+                .total_cmp(&b.error_pct)
+                .then(a.time.equarx_us.total_cmp(&b.time.equarx_us))
+        })
+    else {
+        unreachable!("the fastest plan is within {CHEAP} of itself")
+    };
+    let (plan, prediction) = (chosen.plan, chosen.time);
+    let before = baseline_wire_bytes(payload.collective, p, payload.bytes);
+    if plan.wire_bytes() >= before && !forced {
+        return Err(SkipReason::NoGain {
+            before,
+            after: plan.wire_bytes(),
+        });
+    }
+    let time = PredictedTime {
+        topology: options.topology.name.clone(),
+        bf16_us: prediction.bf16_us,
+        equarx_us: prediction.equarx_us,
+        speedup: prediction.speedup(),
+    };
+    if options.min_payload_bytes.is_none() && !forced && time.speedup < 1.0 {
+        return Err(SkipReason::NotFaster(time));
+    }
+    Ok(Choice { plan, time })
+}
+
+/// `--rotation auto`: per algorithm, the rotated plan replaces the
+/// unrotated one when it is at most 5 % slower; else the unrotated stays.
+fn keep_rotation_where_cheap(scored: &mut Vec<Scored>) {
+    let time_of = |a: Algorithm, r: Rotation, scored: &[Scored]| {
+        scored
+            .iter()
+            .find(|s| s.plan.config.algorithm == a && s.plan.config.rotation == r)
+            .map(|s| s.time.equarx_us)
+    };
+    let rotate: Vec<(Algorithm, bool)> = scored
+        .iter()
+        .map(|s| s.plan.config.algorithm)
+        .map(|a| {
+            let plain = time_of(a, Rotation::None, scored);
+            let rotated = time_of(a, Rotation::Hadamard, scored);
+            let yes = match (plain, rotated) {
+                (Some(p), Some(r)) => r <= CHEAP * p,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            (a, yes)
+        })
+        .collect();
+    scored.retain(|s| {
+        let rotates = rotate
+            .iter()
+            .any(|&(a, yes)| a == s.plan.config.algorithm && yes);
+        (s.plan.config.rotation == Rotation::Hadamard) == rotates
+    });
+}
+
+/// `ring + hadamard`, for messages.
+fn describe_config(c: &Config) -> String {
+    match c.rotation {
+        Rotation::None => c.algorithm_label(),
+        Rotation::Hadamard => format!("{} + hadamard", c.algorithm_label()),
+    }
+}

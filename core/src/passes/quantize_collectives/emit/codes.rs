@@ -1,0 +1,203 @@
+//! The code formats: a block quantized into a message (codes, then the
+//! scale's bytes) and a message dequantized, for int8, fp8 (e4m3, e5m2) and
+//! int4 (two codes to a byte). The arithmetic is the contract of
+//! [`crate::numerics`], op for op.
+
+use super::{Const, Emitter, dim, float_type};
+use crate::ir::builder::Value;
+use crate::ir::opcode::Opcode;
+use crate::numerics::{absmax_floor, hadamard_norm, inv_qmax, scale_mantissa_bits};
+use crate::plan::{QuantFormat, ScaleType};
+use crate::proto::PrimitiveType;
+use crate::proto::precision_config::Precision;
+
+impl Emitter<'_, '_, '_> {
+    /// f32 `[nb, B]` blocks → s8 `[nb, code bytes + scale bytes]`
+    /// messages (code bytes: B, or B/2 for int4).
+    pub(super) fn quantize(&mut self, blocks: &Value) -> Value {
+        let nb = dim(blocks, 0);
+        let bl = self.plan().block() as i64;
+        let format = self.plan().config.format;
+        // The block absmax, +Inf for a block that holds a NaN or an Inf (the
+        // numerics contract). A plain max of |x| runs vectorized, and such
+        // forms may drop a NaN (XLA:CPU's do), so non-finite values are
+        // found by a sum instead: x − x is 0 for finite x and NaN otherwise,
+        // and a sum keeps every NaN. Both reductions vectorize; a reducer
+        // that maps non-finite values itself runs element by element, 11x
+        // slower on XLA:CPU.
+        // The reduction starts from the floor (see `absmax_floor`).
+        let floor = self.f32c(absmax_floor(format));
+        let magnitude = self.b.unary(Opcode::Abs, blocks);
+        let absmax = self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_f32);
+        let zero = self.f32c(0.0);
+        let nought = self.b.binary(Opcode::Subtract, blocks, blocks);
+        let finite = self.b.reduce(&nought, &zero, &[1], self.inputs.add_f32);
+        let finite = self.b.unary(Opcode::IsFinite, &finite);
+        let inf = self.splat(Const::F32(f32::INFINITY.to_bits()), &[nb]);
+        let absmax = self.b.select(&finite, &absmax, &inf);
+        let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &[nb]);
+        let raw = self.b.multiply(&absmax, &inv);
+        // The scale that travels, kept in f32: codes are computed against
+        // it, so codes and scale agree (see crate::numerics).
+        let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
+        let scale = self.b.reduce_precision(&raw, mantissa);
+        // One reciprocal per block, then multiplies: XLA rewrites a division
+        // by a broadcast scalar into exactly this, so spelling it out keeps
+        // every backend and block count on the same arithmetic.
+        let ones = self.splat(Const::F32(1f32.to_bits()), &[nb]);
+        let recip = self.b.divide(&ones, &scale);
+        let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
+        let ratio = self.b.multiply(blocks, &recip);
+        let lo = self.f32c(-format.qmax());
+        let hi = self.f32c(format.qmax());
+        let codes = match float_type(format) {
+            // Integers: round to nearest even, clamp, s8 (int4: two to a
+            // byte).
+            None => {
+                let rounded = self.b.unary(Opcode::RoundNearestEven, &ratio);
+                let clamped = self.b.clamp(&lo, &rounded, &hi);
+                let codes = self.b.convert(&clamped, PrimitiveType::S8);
+                if format == QuantFormat::Int4 {
+                    self.pack_int4(&codes)
+                } else {
+                    codes
+                }
+            }
+            // fp8: clamp (the format has no room above its largest value),
+            // the convert's own rounding, the bits as s8.
+            Some(ty) => {
+                let clamped = self.b.clamp(&lo, &ratio, &hi);
+                let codes = self.b.convert(&clamped, ty);
+                self.b.bitcast_convert(&codes, PrimitiveType::S8)
+            }
+        };
+        let scale_bytes = self.pack_scales(&scale, nb);
+        self.b.concatenate(&[codes, scale_bytes], 1)
+    }
+
+    /// s8 `[nb, B]` codes in [-7, 7] → s8 `[nb, B/2]`, two to a byte: code
+    /// 2k in the low nibble, code 2k+1 in the high one.
+    pub(super) fn pack_int4(&mut self, codes: &Value) -> Value {
+        let (nb, bl) = (dim(codes, 0), dim(codes, 1));
+        let pairs = self.b.reshape(codes, &[nb, bl / 2, 2]);
+        let low = self.b.slice(&pairs, &[0, 0, 0], &[nb, bl / 2, 1]);
+        let high = self.b.slice(&pairs, &[0, 0, 1], &[nb, bl / 2, 2]);
+        let mask = self.splat(Const::S8(0x0f), &[nb, bl / 2, 1]);
+        let four = self.splat(Const::S8(4), &[nb, bl / 2, 1]);
+        let low = self.b.binary(Opcode::And, &low, &mask);
+        let high = self.b.binary(Opcode::ShiftLeft, &high, &four);
+        let byte = self.b.binary(Opcode::Or, &low, &high);
+        self.b.reshape(&byte, &[nb, bl / 2])
+    }
+
+    /// The inverse of [`Self::pack_int4`]: s8 `[nb, B/2]` → s8 `[nb, B]`,
+    /// each nibble sign-extended by arithmetic shifts.
+    pub(super) fn unpack_int4(&mut self, bytes: &Value) -> Value {
+        let (nb, half) = (dim(bytes, 0), dim(bytes, 1));
+        let four = self.splat(Const::S8(4), &[nb, half]);
+        let up = self.b.binary(Opcode::ShiftLeft, bytes, &four);
+        let low = self.b.binary(Opcode::ShiftRightArithmetic, &up, &four);
+        let high = self.b.binary(Opcode::ShiftRightArithmetic, bytes, &four);
+        let low = self.b.reshape(&low, &[nb, half, 1]);
+        let high = self.b.reshape(&high, &[nb, half, 1]);
+        let pairs = self.b.concatenate(&[low, high], 2);
+        self.b.reshape(&pairs, &[nb, 2 * half])
+    }
+
+    /// The codes of a message (s8 `[nb, code bytes]`) as the f32 values
+    /// they stand for.
+    pub(super) fn code_values(&mut self, codes: &Value) -> Value {
+        let format = self.plan().config.format;
+        match float_type(format) {
+            None if format == QuantFormat::Int4 => {
+                let codes = self.unpack_int4(codes);
+                self.b.convert(&codes, PrimitiveType::F32)
+            }
+            None => self.b.convert(codes, PrimitiveType::F32),
+            Some(ty) => {
+                let floats = self.b.bitcast_convert(codes, ty);
+                self.b.convert(&floats, PrimitiveType::F32)
+            }
+        }
+    }
+
+    /// Right-shift amounts that bring each wire byte of a scale's f32 bits
+    /// to the bottom: 0, 8, 16, 24 for f32 scales; 16, 24 for bf16 scales
+    /// (the high half of their f32 bits), broadcast to `[nb, width]`.
+    pub(super) fn byte_shifts(&mut self, nb: i64) -> Value {
+        let (first, width) = match self.plan().scale_type() {
+            ScaleType::F32 => (0, 4),
+            ScaleType::Bf16 => (16, 2),
+        };
+        if let Some(v) = self.shifts.get(&nb) {
+            return v.clone();
+        }
+        let amounts: Vec<i32> = (0..width).map(|k| first + 8 * k).collect();
+        let vector = self.b.s32_array(&amounts);
+        let v = self.b.broadcast(&vector, &[nb, width as i64], &[1]);
+        self.shifts.insert(nb, v.clone());
+        v
+    }
+
+    /// f32 scales → s8 `[nb, width]`, their wire bytes little-endian. Only
+    /// same-width bitcasts, shifts and truncating converts: backends compile
+    /// no width-changing bitcast-convert this late (XLA expands those early
+    /// in its pipeline).
+    pub(super) fn pack_scales(&mut self, scale: &Value, nb: i64) -> Value {
+        let width = self.plan().scale_type().bytes() as i64;
+        let bits = self.b.bitcast_convert(scale, PrimitiveType::S32);
+        let spread = self.b.broadcast(&bits, &[nb, width], &[0]);
+        let shifts = self.byte_shifts(nb);
+        let shifted = self.b.binary(Opcode::ShiftRightLogical, &spread, &shifts);
+        self.b.convert(&shifted, PrimitiveType::S8)
+    }
+
+    /// The inverse of [`Self::pack_scales`]: s8 `[nb, width]` → f32 `[nb]`.
+    pub(super) fn unpack_scales(&mut self, scale_bytes: &Value) -> Value {
+        let dims = scale_bytes.dims().to_vec();
+        // Bytes as u8, so that widening them fills with zeros.
+        let bytes = self.b.bitcast_convert(scale_bytes, PrimitiveType::U8);
+        let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
+        let shifts = self.byte_shifts(dims[0]);
+        let placed = self.b.binary(Opcode::ShiftLeft, &unsigned, &shifts);
+        let zero = self.s32c(0);
+        let bits = self.b.reduce(&placed, &zero, &[1], self.inputs.or_s32);
+        self.b.bitcast_convert(&bits, PrimitiveType::F32)
+    }
+
+    /// s8 `[nb, code bytes + width]` messages → their codes as f32 values
+    /// (`[nb, B]`) and scales (f32 `[nb]`).
+    pub(super) fn split(&mut self, message: &Value) -> (Value, Value) {
+        let nb = dim(message, 0);
+        let plan = self.plan();
+        let code_bytes = (plan.block() * plan.config.format.bits() / 8) as i64;
+        let width = plan.scale_type().bytes() as i64;
+        let codes = self.b.slice(message, &[0, 0], &[nb, code_bytes]);
+        let bytes = self
+            .b
+            .slice(message, &[0, code_bytes], &[nb, code_bytes + width]);
+        let codes = self.code_values(&codes);
+        (codes, self.unpack_scales(&bytes))
+    }
+
+    /// s8 messages → f32 `[nb, B]` values.
+    pub(super) fn dequantize(&mut self, message: &Value) -> Value {
+        let (nb, bl) = (dim(message, 0), self.plan().block() as i64);
+        let (codes, scale) = self.split(message);
+        let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        self.b.multiply(&codes, &scale)
+    }
+
+    /// Messages of rotated blocks → the values rotated back:
+    /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
+    pub(super) fn dequantize_rotated(&mut self, message: &Value) -> Value {
+        let (nb, bl) = (dim(message, 0), self.plan().block() as i64);
+        let (codes, scale) = self.split(message);
+        let h = self.hadamard();
+        let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
+        let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
+        let scale = self.b.multiply(&scale, &norm);
+        let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        self.b.multiply(&turned, &scale)
+    }
+}

@@ -1,0 +1,80 @@
+//! Two-shot's exchange and the all-to-all of rows: every row quantized
+//! once and sent to the rank it belongs to by one all-to-all; the
+//! exchange's owner sums what arrives in f32.
+
+use super::{Emitter, dim};
+use crate::ir::builder::Value;
+use crate::passes::Stage;
+use crate::passes::quantize_collectives::groups::IdSpace;
+use crate::plan::{Axis, Rotation};
+
+impl Emitter<'_, '_, '_> {
+    /// Reduce-scatter over the whole group by one all-to-all: every slice
+    /// quantized once, the owner's sum of the dequantized slices in rank
+    /// order. `held` is `[P, c]`; returns f32 `[c]`.
+    pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
+        let plan = self.plan();
+        debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
+        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let received = self.send_rows(held);
+        let values = self.dequantize(&received);
+        let values = self.b.reshape(&values, &[p, c]);
+        let zero = self.f32c(0.0);
+        self.b.reduce(&values, &zero, &[0], self.inputs.add_f32)
+    }
+
+    /// Every row of `held` (`[P, c]`) quantized once, row k sent to rank k;
+    /// returns what arrives, row k from rank k: s8 `[P·blocks, B + width]`.
+    pub(super) fn send_rows(&mut self, held: &Value) -> Value {
+        let plan = self.plan();
+        let (p, c, bl) = (
+            plan.group_size as i64,
+            plan.chunk as i64,
+            plan.block() as i64,
+        );
+        let nb = c / bl;
+
+        let blocks = self.b.reshape(held, &[p * nb, bl]);
+        let blocks = self.f32(&blocks);
+        let message = self.quantize(&blocks);
+        let width = dim(&message, 1);
+        // Rank 2, split along the major dimension: the array form every
+        // backend runs without decomposing it first (the pre-scheduler
+        // hook comes after XLA's all-to-all decomposer).
+        let message = self.b.reshape(&message, &[p, nb * width]);
+        let parts = self.inputs.participants;
+        let channel = match parts.space {
+            IdSpace::Partition => Some(self.b.fresh_channel_id()),
+            IdSpace::Replica => None,
+        };
+        let groups = parts.groups.clone();
+        let received = if self.inputs.stage == Stage::Fused {
+            // XLA:CPU decomposes array all-to-alls into the tuple form early
+            // in its pipeline and runs only that form; past that point the
+            // pieces are sent as a tuple.
+            let x = nb * width;
+            let pieces: Vec<Value> = (0..p)
+                .map(|k| self.b.slice(&message, &[k, 0], &[k + 1, x]))
+                .collect();
+            let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
+            let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
+            self.b.concatenate(&got, 0)
+        } else {
+            self.b.all_to_all(&message, 0, &groups, channel)
+        };
+        self.b.reshape(&received, &[p * nb, width])
+    }
+
+    /// The all-to-all of the rows of `held` (`[P, c]`), dequantized (and
+    /// rotated back): f32 `[P·c]`, row k from rank k.
+    pub(super) fn scatter(&mut self, held: &Value) -> Value {
+        let plan = self.plan();
+        let n = (plan.group_size * plan.chunk) as i64;
+        let received = self.send_rows(held);
+        let values = match plan.config.rotation {
+            Rotation::Hadamard => self.dequantize_rotated(&received),
+            Rotation::None => self.dequantize(&received),
+        };
+        self.b.reshape(&values, &[n])
+    }
+}

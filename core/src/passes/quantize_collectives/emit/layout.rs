@@ -1,0 +1,246 @@
+//! The payload in and the results out: the operands flattened, padded and
+//! (rotated) cut into chunks or rows, and the sums or rows given back in
+//! each operand's shape, type and layout.
+
+use super::{Const, Emitter, operands_are_bf16};
+use crate::ir::builder::Value;
+use crate::ir::shape;
+use crate::numerics::{hadamard_norm, hadamard_sign};
+use crate::plan::{Axis, Collective, Rotation};
+use crate::proto::precision_config::Precision;
+use crate::proto::{PrimitiveType, ShapeProto};
+
+impl Emitter<'_, '_, '_> {
+    /// The operands flattened, concatenated, padded to P·c, rotated if the
+    /// plan rotates, as `[axis sizes.., c]`. Kept in the operands' narrow
+    /// type when they share one and nothing is rotated: each hop converts
+    /// the part it reads.
+    pub(super) fn payload(&mut self, axes: &[Axis]) -> Value {
+        let plan = self.plan();
+        let operands = self.inputs.operands;
+        let ty = operands[0].element_type();
+        let same = operands.iter().all(|x| x.element_type() == ty);
+        let rotated = plan.config.rotation == Rotation::Hadamard;
+        let flat: Vec<Value> = operands
+            .iter()
+            .map(|x| {
+                let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+                let x = if same && !rotated {
+                    x.clone()
+                } else {
+                    self.f32(x)
+                };
+                self.b.reshape(&x, &[n])
+            })
+            .collect();
+        let mut payload = if flat.len() == 1 {
+            flat[0].clone()
+        } else {
+            self.b.concatenate(&flat, 0)
+        };
+        let padded = plan.padded() as i64;
+        if padded > plan.elements as i64 {
+            let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
+            let zero = self.b.zero(ty);
+            payload = self
+                .b
+                .pad(&payload, &zero, &[(0, padded - plan.elements as i64)]);
+        }
+        if rotated {
+            payload = self.rotate(&payload, operands_are_bf16(operands));
+        }
+        let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
+        dims.push(plan.chunk as i64);
+        let view = self.b.reshape(&payload, &dims);
+        if operands.iter().any(|x| x.id == payload.id) || flat.iter().any(|f| f.id == payload.id) {
+            self.borrowed.push(view.id);
+        }
+        view
+    }
+
+    /// f32[n] → each block of B multiplied by `H_B`, then by `fl(1/√B)`.
+    /// Inputs that are bf16 values multiply exactly at any dot precision;
+    /// other f32 inputs ask for the highest.
+    pub(super) fn rotate(&mut self, x: &Value, bf16_valued: bool) -> Value {
+        let bl = self.plan().block() as i64;
+        let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+        let blocks = self.b.reshape(x, &[n / bl, bl]);
+        let h = self.hadamard();
+        let precision = if bf16_valued {
+            Precision::Default
+        } else {
+            Precision::Highest
+        };
+        // ±1 entries: every product is exact, so a backend's fused
+        // multiply-adds change nothing; the norm is one multiply after.
+        let summed = self.b.dot(&blocks, &h, 1, 0, precision);
+        let norm = self.splat(
+            Const::F32(hadamard_norm(bl as usize).to_bits()),
+            &[n / bl, bl],
+        );
+        let rotated = self.b.multiply(&summed, &norm);
+        self.b.reshape(&rotated, &[n])
+    }
+
+    /// The B×B Sylvester Hadamard matrix (±1) as f32, emitted once per
+    /// computation: it is symmetric, so the inverse rotation reads it too.
+    /// Its literal is s8 (a quarter of an f32 literal's bytes in the
+    /// module; XLA folds the convert).
+    pub(super) fn hadamard(&mut self) -> Value {
+        if let Some(h) = &self.hadamard {
+            return h.clone();
+        }
+        let bl = self.plan().block();
+        let entries: Vec<i8> = (0..bl * bl)
+            .map(|i| hadamard_sign(i / bl, i % bl) as i8)
+            .collect();
+        let signs = self.b.s8_array(&entries, &[bl as i64, bl as i64]);
+        let h = self.b.convert(&signs, PrimitiveType::F32);
+        self.hadamard = Some(h.clone());
+        h
+    }
+
+    /// The operand's geometry around the collective's dimension d:
+    /// (elements before d, size of d, elements after d).
+    pub(super) fn around(&self, x: &Value) -> (i64, i64, i64) {
+        let dims = x.dims();
+        let d = self.inputs.dimension.unwrap_or(0) as usize;
+        let before: i64 = dims[..d].iter().product();
+        let after: i64 = dims[d + 1..].iter().product();
+        (before, dims[d], after)
+    }
+
+    /// The payload of a collective of rows, `[P, c]` (all-gather: `[c]`,
+    /// its one row): a reduce-scatter's or an array all-to-all's operand
+    /// cut along d into P rows (a transpose brings d to the front when
+    /// dimensions come before it), a tuple all-to-all's operands stacked,
+    /// each row padded to c, rotated when the plan rotates.
+    pub(super) fn rows(&mut self, axes: &[Axis]) -> Value {
+        let plan = self.plan();
+        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let m = plan.row.unwrap_or(plan.chunk) as i64;
+        let operands = self.inputs.operands;
+        let x = &operands[0];
+        let rotated = plan.config.rotation == Rotation::Hadamard;
+        let (rows, stacked) = match (plan.collective, self.inputs.dimension) {
+            (Collective::AllGather, _) => (1, self.b.reshape(x, &[1, m])),
+            (_, None) => {
+                let flat: Vec<Value> = operands
+                    .iter()
+                    .map(|o| self.b.reshape(o, &[1, m]))
+                    .collect();
+                (p, self.b.concatenate(&flat, 0))
+            }
+            (_, Some(_)) => {
+                let (before, size, after) = self.around(x);
+                let cut = if before == 1 {
+                    x.clone()
+                } else {
+                    let v = self.b.reshape(x, &[before, p, size / p, after]);
+                    self.b.transpose(&v, &[1, 0, 2, 3])
+                };
+                (p, self.b.reshape(&cut, &[p, m]))
+            }
+        };
+        let mut payload = if rotated { self.f32(&stacked) } else { stacked };
+        if c > m {
+            let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
+            let zero = self.b.zero(ty);
+            payload = self.b.pad(&payload, &zero, &[(0, 0), (0, c - m)]);
+        }
+        if rotated {
+            let flat = self.b.reshape(&payload, &[rows * c]);
+            payload = self.rotate(&flat, operands_are_bf16(operands));
+        }
+        if plan.collective != Collective::ReduceScatter {
+            let dims: &[i64] = if rows == 1 { &[c] } else { &[rows, c] };
+            return self.b.reshape(&payload, dims);
+        }
+        let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
+        dims.push(c);
+        self.b.reshape(&payload, &dims)
+    }
+
+    /// The all-reduce's sum (f32 `[P·c]`) → each operand's part, in its
+    /// shape, type and layout.
+    pub(super) fn unpack_sum(&mut self, whole: &Value) -> Vec<Value> {
+        let padded = self.plan().padded() as i64;
+        let mut offset = 0i64;
+        let mut out = Vec::new();
+        for (x, result) in self.inputs.operands.iter().zip(self.inputs.results) {
+            let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+            let part = if n == padded {
+                whole.clone()
+            } else {
+                self.b.slice(whole, &[offset], &[offset + n])
+            };
+            offset += n;
+            out.push(self.as_result(&part, result));
+        }
+        out
+    }
+
+    /// A reduce-scatter's owned sum (f32 `[c]`, unquantized; rotated back
+    /// when the plan rotates) → the result.
+    pub(super) fn unpack_owned(&mut self, owned: &Value) -> Vec<Value> {
+        let plan = self.plan();
+        let (c, m) = (plan.chunk as i64, plan.row.unwrap_or(plan.chunk) as i64);
+        let mut sum = self.b.reshape(owned, &[c]);
+        if plan.config.rotation == Rotation::Hadamard {
+            sum = self.rotate(&sum, false);
+        }
+        if c > m {
+            sum = self.b.slice(&sum, &[0], &[m]);
+        }
+        let result = &self.inputs.results[0];
+        vec![self.as_result(&sum, result)]
+    }
+
+    /// An all-gather's or all-to-all's rows (f32 `[P·c]`, row k from rank
+    /// k) → the result: rows laid side by side along d (an array form),
+    /// or one row per tuple element.
+    pub(super) fn unpack_rows(&mut self, values: &Value) -> Vec<Value> {
+        let plan = self.plan();
+        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let m = plan.row.unwrap_or(plan.chunk) as i64;
+        let mut rows = self.b.reshape(values, &[p, c]);
+        if c > m {
+            rows = self.b.slice(&rows, &[0, 0], &[p, m]);
+        }
+        let results = self.inputs.results;
+        if self.inputs.dimension.is_none() && plan.collective == Collective::AllToAll {
+            return (0..p)
+                .zip(results)
+                .map(|(k, result)| {
+                    let row = self.b.slice(&rows, &[k, 0], &[k + 1, m]);
+                    self.as_result(&row, result)
+                })
+                .collect();
+        }
+        // Row k holds rank k's piece, [before, size/P, after] (an
+        // all-gather's whole operand): side by side along d.
+        let (before, size, after) = self.around(&self.inputs.operands[0]);
+        let piece = match plan.collective {
+            Collective::AllGather => size,
+            _ => size / p,
+        };
+        let placed = if before == 1 {
+            rows
+        } else {
+            let v = self.b.reshape(&rows, &[p, before, piece, after]);
+            self.b.transpose(&v, &[1, 0, 2, 3])
+        };
+        vec![self.as_result(&placed, &results[0])]
+    }
+
+    /// f32 values → `result` (its dimensions, type and layout).
+    pub(super) fn as_result(&mut self, v: &Value, result: &ShapeProto) -> Value {
+        let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
+        if ty == PrimitiveType::F32 {
+            self.b.reshape_to(v, result)
+        } else {
+            let v = self.b.reshape(v, &result.dimensions);
+            self.b.convert_to(&v, result)
+        }
+    }
+}

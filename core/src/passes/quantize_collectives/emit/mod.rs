@@ -1,0 +1,321 @@
+//! Emits the [`Plan`] of one quantized all-reduce: [`emit`] reads top to
+//! bottom as the algorithm — flatten and pad, rotate, find the rank, run the
+//! plan's phases, unpack.
+//!
+//! Every repeated step (a ring hop, a relay of the permute gather) is
+//! written once, by one function, whether it lands in the body of a `while`
+//! loop over the steps ([`Form::Loop`], the module does not grow with P) or
+//! is written out P−1 times ([`Form::Unrolled`]); the step number is a loop
+//! counter in one case and a constant in the other.
+//!
+//! The quantize and dequantize steps implement the contract in
+//! [`crate::numerics`] op for op. A message holds, per block, its B codes
+//! followed by its scale's bytes (`[blocks, B + scale_bytes]` s8), so codes
+//! and scales are cut apart by two slices, with no reshaping.
+//!
+//! One file per part of the algorithm, each read top to bottom:
+//!
+//! | file | what it emits |
+//! |---|---|
+//! | `layout.rs` | the payload in (flatten, pad, rotate; rows for RS/AG/A2A) and the results out |
+//! | `ranks.rs` | the device's rank, its coordinate on an axis, the slice a step reads |
+//! | `codes.rs` | quantize and dequantize, for every code format (int8, fp8, int4) |
+//! | `ring.rs` | the ring (also each axis of two-level) |
+//! | `exchange.rs` | two-shot's exchange, and the all-to-all of rows |
+//! | `gather.rs` | the gather: one all-gather, or relays round the ring |
+//! | this file | the driver, constants, and the `while` loop of repeated steps |
+
+mod codes;
+mod exchange;
+mod gather;
+mod layout;
+mod ranks;
+mod ring;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::groups::Participants;
+use crate::ir::builder::{Builder, Value};
+use crate::ir::opcode::Opcode;
+use crate::ir::{CompId, InstrId};
+use crate::passes::Stage;
+use crate::plan::{Axis, Collective, Phase, Plan, QuantFormat};
+use crate::proto::{PrimitiveType, ShapeProto};
+
+/// What the emitted subgraph needs besides the plan.
+pub struct EmitInputs<'a> {
+    pub plan: &'a Plan,
+    pub participants: &'a Participants,
+    /// The packed all-reduce operands.
+    pub operands: &'a [Value],
+    /// The result shape (with layout) each operand's sum must have.
+    pub results: &'a [ShapeProto],
+    /// Scalar f32 `maximum`, s32 `or` and f32 `add` computations.
+    pub max_f32: CompId,
+    pub or_s32: CompId,
+    pub add_f32: CompId,
+    /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
+    pub async_permutes: bool,
+    /// Where in XLA's pipeline the module is: past its fusion, XLA will not
+    /// decompose what the pass emits any more, so collectives take the
+    /// forms its runtime runs directly.
+    pub stage: Stage,
+    /// The collective's scatter, gather or split dimension (an array
+    /// all-to-all's; none for the all-reduce and a tuple all-to-all).
+    pub dimension: Option<i64>,
+}
+
+/// What [`emit`] made.
+pub struct Emitted {
+    /// One value per operand, shaped like `results`.
+    pub values: Vec<Value>,
+    /// The computations it added (loop bodies and conditions).
+    pub computations: Vec<CompId>,
+}
+
+/// Emits the plan; returns one value per operand.
+pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
+    let plan = inputs.plan;
+    let mut computations = Vec::new();
+    let mut e = Emitter::new(b, inputs, &mut computations);
+
+    // 1. The payload: every operand flattened (or cut into its P rows),
+    //    zero-padded to P·c (each row to c), every block rotated when the
+    //    plan rotates, seen as [axis sizes.., c] (outer axes first: rank
+    //    r = Σ coordinate·stride).
+    let mut axes: Vec<Axis> = plan.phases.iter().filter_map(Phase::axis).collect();
+    axes.sort_by_key(|a| std::cmp::Reverse(a.stride));
+    let mut held = match plan.row {
+        None => e.payload(&axes),
+        Some(_) => e.rows(&axes),
+    };
+
+    // 2. This device's rank r in its group, from its id through the table.
+    let rank = e.rank();
+
+    // 3. The reduce phases, each leaving the device with its slice of what
+    //    it held, summed over the phase's axis; the gather makes every
+    //    chunk everybody's, the scatter every row its rank's.
+    let mut values = None;
+    for phase in &plan.phases {
+        match *phase {
+            Phase::Ring { axis } => {
+                held = e.ring(&held, &rank, &axes, axis);
+                axes.retain(|a| *a != axis);
+            }
+            Phase::Exchange { axis } => {
+                held = e.exchange(&held, &axes, axis);
+                axes.retain(|a| *a != axis);
+            }
+            Phase::Gather => values = Some(e.gather(&held, &rank)),
+            Phase::Scatter => values = Some(e.scatter(&held)),
+        }
+    }
+
+    // 4. Drop the padding and give each operand its result back in its own
+    //    shape, type and layout.
+    let out = match plan.collective {
+        Collective::AllReduce => e.unpack_sum(&values.unwrap_or(held)),
+        Collective::ReduceScatter => e.unpack_owned(&held),
+        Collective::AllGather | Collective::AllToAll => e.unpack_rows(&values.unwrap_or(held)),
+    };
+    Emitted {
+        values: out,
+        computations,
+    }
+}
+
+/// A scalar constant, by type and bits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Const {
+    F32(u32),
+    S32(i32),
+    S8(i8),
+}
+
+/// The step a repeated op belongs to: a constant when unrolled; in a loop
+/// body, the counter after this step (s + 1, an s32 scalar).
+#[derive(Clone)]
+enum Step {
+    At(i64),
+    Next(Value),
+}
+
+/// Emits into one computation, with its own constants: every scalar
+/// constant and every broadcast of one is emitted once per computation.
+struct Emitter<'b, 'm, 'i> {
+    b: &'b mut Builder<'m>,
+    inputs: &'i EmitInputs<'i>,
+    computations: &'b mut Vec<CompId>,
+    consts: HashMap<Const, Value>,
+    splats: HashMap<(Const, Vec<i64>), Value>,
+    /// (a − dir·k) mod Q, by (a, Q, dir, k), for constant k.
+    indices: HashMap<(InstrId, i64, i64, i64), Value>,
+    /// The axis coordinates of this device, by axis stride.
+    coordinates: HashMap<usize, Value>,
+    /// [`Self::byte_shifts`], by block count.
+    shifts: HashMap<i64, Value>,
+    /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
+    hadamard: Option<Value>,
+    /// Values whose buffers belong to the operands (a payload that is only
+    /// a reshape of one): a loop must not take them over.
+    borrowed: Vec<InstrId>,
+}
+
+impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
+    fn new(
+        b: &'b mut Builder<'m>,
+        inputs: &'i EmitInputs<'i>,
+        computations: &'b mut Vec<CompId>,
+    ) -> Self {
+        Emitter {
+            b,
+            inputs,
+            computations,
+            consts: HashMap::default(),
+            splats: HashMap::default(),
+            indices: HashMap::default(),
+            coordinates: HashMap::default(),
+            shifts: HashMap::default(),
+            hadamard: None,
+            borrowed: Vec::new(),
+        }
+    }
+
+    fn plan(&self) -> &'i Plan {
+        self.inputs.plan
+    }
+
+    fn f32(&mut self, x: &Value) -> Value {
+        if x.element_type() == PrimitiveType::F32 as i32 {
+            x.clone()
+        } else {
+            self.b.convert(x, PrimitiveType::F32)
+        }
+    }
+
+    fn constant(&mut self, c: Const) -> Value {
+        if let Some(v) = self.consts.get(&c) {
+            return v.clone();
+        }
+        let v = match c {
+            Const::F32(bits) => self.b.f32_scalar(f32::from_bits(bits)),
+            Const::S32(v) => self.b.s32_scalar(v),
+            Const::S8(v) => self.b.s8_scalar(v),
+        };
+        self.consts.insert(c, v.clone());
+        v
+    }
+
+    fn f32c(&mut self, v: f32) -> Value {
+        self.constant(Const::F32(v.to_bits()))
+    }
+
+    fn s32c(&mut self, v: i64) -> Value {
+        self.constant(Const::S32(v as i32))
+    }
+
+    /// A constant broadcast to `dims`.
+    fn splat(&mut self, c: Const, dims: &[i64]) -> Value {
+        let key = (c, dims.to_vec());
+        if let Some(v) = self.splats.get(&key) {
+            return v.clone();
+        }
+        let scalar = self.constant(c);
+        let v = self.b.broadcast(&scalar, dims, &[]);
+        self.splats.insert(key, v.clone());
+        v
+    }
+
+    /// A `while` loop (computations `equarx_{name}_cond` and `_body`) that
+    /// runs `body` `trips` times over `state`; the body
+    /// gets its own emitter, the counter after the step (s + 1) and the
+    /// state's elements, and returns the next state's elements. Returns the
+    /// final elements.
+    fn repeat(
+        &mut self,
+        name: &str,
+        trips: i64,
+        state: &[Value],
+        body: impl FnOnce(&mut Emitter<'_, '_, 'i>, Value, &[Value]) -> Vec<Value>,
+    ) -> Vec<Value> {
+        // A while loop updates its state in place. At XLA's pre-scheduler
+        // hook, copy insertion has already run, so the loop gets copies of
+        // what it must not write to: the counter's constant (shared by
+        // every device of the executable), scalars read after the loop, and
+        // a payload that is the operands' own buffer.
+        let counter = self.s32c(0);
+        let init: Vec<Value> = std::iter::once(counter)
+            .chain(state.iter().cloned())
+            .map(|v| {
+                if v.dims().is_empty() || self.borrowed.contains(&v.id) {
+                    self.b.unary(Opcode::Copy, &v)
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let init = self.b.tuple(&init);
+        let tuple = init.shape.clone();
+        let inputs = self.inputs;
+        let mut made = Vec::new();
+        let cond = self.b.computation(
+            &format!("equarx_{name}_cond"),
+            std::slice::from_ref(&tuple),
+            |b, params| {
+                let s = b.get_tuple_element(&params[0], 0);
+                let n = b.s32_scalar(trips as i32);
+                b.compare(&s, &n, "LT")
+            },
+        );
+        let body = self
+            .b
+            .computation(&format!("equarx_{name}_body"), &[tuple], |b, params| {
+                // The body reads the counter once, to step it; everything
+                // else reads the stepped value. The new state overwrites the
+                // old in place, and at the pre-scheduler hook no copy
+                // insertion follows to order a late read of the old counter.
+                let mut e = Emitter::new(b, inputs, &mut made);
+                let count = e.b.get_tuple_element(&params[0], 0);
+                let one = e.s32c(1);
+                let stepped = e.b.add_op(&count, &one);
+                let elements: Vec<Value> = (1..=state.len())
+                    .map(|k| e.b.get_tuple_element(&params[0], k as i64))
+                    .collect();
+                let next = body(&mut e, stepped.clone(), &elements);
+                let mut out = vec![stepped];
+                out.extend(next);
+                e.b.tuple(&out)
+            });
+        self.computations.extend(made);
+        self.computations.extend([cond, body]);
+        let done = self.b.while_loop(&init, cond, body);
+        (1..=state.len())
+            .map(|k| self.b.get_tuple_element(&done, k as i64))
+            .collect()
+    }
+}
+
+/// The XLA type of a float code format; `None` for integers.
+fn float_type(format: QuantFormat) -> Option<PrimitiveType> {
+    match format {
+        QuantFormat::Fp8E4m3 => Some(PrimitiveType::F8e4m3fn),
+        QuantFormat::Fp8E5m2 => Some(PrimitiveType::F8e5m2),
+        QuantFormat::Int8 | QuantFormat::Int4 => None,
+    }
+}
+
+/// Dimension `k` of `v`, or 0 if it has none: a value of a builder that
+/// met an inconsistency has no dimensions, and the builder reports the
+/// inconsistency when it finishes.
+fn dim(v: &Value, k: usize) -> i64 {
+    v.dims().get(k).copied().unwrap_or(0)
+}
+
+/// Whether every operand holds bf16 values (bf16, or f32 that equarx reads
+/// from a bf16 widening).
+fn operands_are_bf16(operands: &[Value]) -> bool {
+    operands
+        .iter()
+        .all(|x| x.element_type() == PrimitiveType::Bf16 as i32)
+}

@@ -1,0 +1,141 @@
+//! The ring (the paper's algorithm, and each axis of two-level): P−1 hops,
+//! each quantizing a partial sum, sending it one step round the ring and
+//! adding the device's own part of the slice it now holds.
+
+use super::{Emitter, Step};
+use crate::ir::builder::Value;
+use crate::passes::quantize_collectives::groups::IdSpace;
+use crate::plan::{Axis, Form, Lane};
+
+impl Emitter<'_, '_, '_> {
+    /// One hop on `dir`: every rank sends `message` to the rank one step
+    /// along `axis`.
+    pub(super) fn permute(&mut self, message: &Value, axis: Axis, dir: i64) -> Value {
+        let pairs = self.inputs.participants.axis_pairs(axis, dir);
+        let channel = match self.inputs.participants.space {
+            IdSpace::Partition => Some(self.b.fresh_channel_id()),
+            IdSpace::Replica => None,
+        };
+        if self.inputs.async_permutes {
+            let start = self.b.collective_permute_start(message, &pairs, channel);
+            self.b.collective_permute_done(&start)
+        } else {
+            self.b.collective_permute(message, &pairs, channel)
+        }
+    }
+
+    /// This device's f32 part of `lane` of the slice with index `index` on
+    /// the held axis `at`: `[rows·blocks, B]`.
+    pub(super) fn own_part(
+        &mut self,
+        held: &Value,
+        at: usize,
+        index: &Value,
+        lane: &Lane,
+    ) -> Value {
+        let dims = held.dims().to_vec();
+        let last = dims.len() - 1;
+        let zero = self.s32c(0);
+        let offset = self.s32c(lane.offset as i64);
+        let mut starts = vec![zero; dims.len()];
+        starts[at] = index.clone();
+        starts[last] = offset;
+        let mut sizes = dims.clone();
+        sizes[at] = 1;
+        sizes[last] = lane.len as i64;
+        let part = self.b.dynamic_slice(held, &starts, &sizes);
+        let rows: i64 = sizes[..last].iter().product();
+        let bl = self.plan().block() as i64;
+        let part = self.b.reshape(&part, &[rows * lane.len as i64 / bl, bl]);
+        self.f32(&part)
+    }
+
+    /// One ring hop of every lane: send the partials on, add this device's
+    /// part of the slice they now hold.
+    pub(super) fn ring_step(
+        &mut self,
+        partials: &[Value],
+        held: &Value,
+        at: usize,
+        a: &Value,
+        axis: Axis,
+        step: &Step,
+    ) -> Vec<Value> {
+        let plan = self.plan();
+        let q = axis.size as i64;
+        plan.lanes
+            .iter()
+            .zip(partials)
+            .map(|(lane, part)| {
+                let message = self.quantize(part);
+                let received = self.permute(&message, axis, lane.dir);
+                let summed = self.dequantize(&received);
+                let index = self.index(a, q, lane.dir, step, 2);
+                let own = self.own_part(held, at, &index, lane);
+                self.b.add_op(&summed, &own)
+            })
+            .collect()
+    }
+
+    /// Reduce-scatter over `axis` round its ring. At step s, the device
+    /// with coordinate a sends its partial sum of slice (a − dir·(s+1))
+    /// mod Q to a + dir, which adds its own part of that slice. After Q−1
+    /// steps the device holds slice a, summed over the axis. Returns what
+    /// the device now holds, f32 `[other axes.., c]`.
+    pub(super) fn ring(&mut self, held: &Value, rank: &Value, axes: &[Axis], axis: Axis) -> Value {
+        let plan = self.plan();
+        let at = axes.iter().position(|x| *x == axis).unwrap_or(0);
+        let a = self.coordinate(rank, axis);
+        let q = axis.size as i64;
+        let first = Step::At(-1);
+        let mut partials: Vec<Value> = plan
+            .lanes
+            .iter()
+            .map(|lane| {
+                let index = self.index(&a, q, lane.dir, &first, 2);
+                self.own_part(held, at, &index, lane)
+            })
+            .collect();
+        match plan.config.form {
+            Form::Unrolled => {
+                for s in 0..q - 1 {
+                    partials = self.ring_step(&partials, held, at, &a, axis, &Step::At(s));
+                }
+            }
+            Form::Loop => {
+                // State: (step, partials.., held, coordinate).
+                let mut state = partials.clone();
+                state.push(held.clone());
+                state.push(a.clone());
+                let lanes = plan.lanes.len();
+                let out = self.repeat("ring", q - 1, &state, |e, s, state| {
+                    let (held, a) = (&state[lanes], &state[lanes + 1]);
+                    let mut next = e.ring_step(&state[..lanes], held, at, a, axis, &Step::Next(s));
+                    next.extend([held.clone(), a.clone()]);
+                    next
+                });
+                partials = out[..lanes].to_vec();
+            }
+        }
+        // The lanes' partials side by side again: [rows, c]. With one row
+        // the lanes' blocks simply follow each other.
+        let rows: i64 = held.dims().iter().rev().skip(1).product::<i64>() / q;
+        let bl = plan.block() as i64;
+        let pieces: Vec<Value> = if rows == 1 {
+            partials.clone()
+        } else {
+            plan.lanes
+                .iter()
+                .zip(&partials)
+                .map(|(lane, p)| self.b.reshape(p, &[rows, lane.len as i64 / bl, bl]))
+                .collect()
+        };
+        let joined = match pieces.len() {
+            1 => pieces[0].clone(),
+            _ => self.b.concatenate(&pieces, i64::from(rows != 1)),
+        };
+        let mut dims = held.dims().to_vec();
+        dims.remove(at);
+        self.b.reshape(&joined, &dims)
+    }
+}

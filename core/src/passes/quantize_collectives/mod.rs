@@ -1,0 +1,156 @@
+//! `quantize-collectives`: EQuARX. Sum all-reduces, reduce-scatters,
+//! all-gathers and all-to-alls become block-wise dynamically quantized
+//! transfers (int8, fp8 or int4 codes) with f32 accumulation, so the wire
+//! carries about one byte per element instead of two (bf16), or half.
+//!
+//! ```text
+//! before                          after (ring, loop form, one lane per direction)
+//!
+//! x = bf16[S] ...                 x  = bf16[S] ...
+//! y = bf16[S] all-reduce(x),      f  = bf16[P,c] reshape(pad(x))            (rotated: f32, H·block)
+//!     to_apply=add                r  = s32[] rank(partition-id())          table lookup
+//! use(y)                          p0 = own part of chunk (r-1) mod P
+//!                                 w  = while s < P-1:                      (reduce-scatter)
+//!                                 │ m  = s8[nb, B+2] quantize(p)            codes ++ scale bytes
+//!                                 │ m' = collective-permute(m), r → r+1
+//!                                 │ p  = dequantize(m') + own part of chunk (r-s-2) mod P
+//!                                 g  = s8[P, msg] all-gather(quantize(p))
+//!                                 v  = f32[P·c] dequantize(g)              every rank, owner too
+//!                                 y' = bf16[S] convert(reshape(slice(v)))
+//!                                 use(y')
+//! ```
+//!
+//! The rooms, in the order an op goes through them: [`eligibility`] decides
+//! whether it may be rewritten, [`groups`] maps its groups to ids
+//! collective-permute can name, [`choose`] picks its [`crate::plan::Plan`]
+//! (which the emitter, the time model and the error model all read),
+//! [`emit`] writes the plan as HLO, [`splice`] puts that in the op's place,
+//! and [`report`] says what happened.
+//!
+//! Why it is sound: every reduce phase sums each chunk over every member of
+//! its axis exactly once, and the phases' axes cover the group; the gather
+//! gives every rank every chunk; quantization changes values only within
+//! the error model of [`crate::numerics`]; all participants dequantize the
+//! same codes with the same op, so they agree bit for bit. What it assumes:
+//! the module is not scheduled for async collectives other than the pair it
+//! rewrites, and the replica/partition counts it was given are true.
+
+pub mod choose;
+pub mod eligibility;
+pub mod emit;
+pub mod groups;
+pub mod report;
+pub mod splice;
+
+use choose::{Choice, choose};
+use report::{OpReport, SkipReason, describe};
+use splice::{Reducers, splice};
+
+use super::{Pass, PassError, Stage};
+use crate::ir::opcode::Opcode;
+use crate::ir::{CompId, DeviceCounts, Edits, Module};
+use crate::options::Options;
+use crate::proto::HloInstructionProto;
+
+/// The pass's name, and the name it had when it rewrote all-reduces only.
+pub const NAME: &str = "quantize-collectives";
+pub const OLD_NAME: &str = "quantized-all-reduce";
+
+/// The pass. After it ran, [`QuantizeCollectives::report`] says what it did
+/// to every collective it looked at.
+pub struct QuantizeCollectives {
+    options: Options,
+    counts: DeviceCounts,
+    stage: Stage,
+    report: Vec<OpReport>,
+}
+
+impl QuantizeCollectives {
+    /// The pass with checked options (`crate::options::validate`), the
+    /// module's device counts and its stage in XLA's pipeline.
+    pub fn new(options: Options, counts: DeviceCounts, stage: Stage) -> Self {
+        QuantizeCollectives {
+            options,
+            counts,
+            stage,
+            report: Vec::new(),
+        }
+    }
+
+    pub fn report(&self) -> &[OpReport] {
+        &self.report
+    }
+
+    pub fn into_report(self) -> Vec<OpReport> {
+        self.report
+    }
+}
+
+impl Pass for QuantizeCollectives {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn aliases(&self) -> &'static [&'static str] {
+        &[OLD_NAME]
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
+        self.report.clear();
+        let mut reducers = None;
+        let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
+        for comp_id in comp_ids {
+            let Some(comp) = module.computation(comp_id) else {
+                continue;
+            };
+            let collectives: Vec<HloInstructionProto> = comp
+                .instructions()
+                .iter()
+                .filter(|i| Opcode::of(i).and_then(eligibility::rewritable).is_some())
+                .cloned()
+                .collect();
+            let mut edits = Edits::default();
+            for instr in collectives {
+                let entry = self.decide(module, comp_id, &instr, &mut reducers, &mut edits)?;
+                self.report.push(entry);
+            }
+            module.apply(comp_id, edits);
+        }
+        Ok(self.report.iter().any(|r| r.rewritten))
+    }
+}
+
+impl QuantizeCollectives {
+    /// Examines, chooses for and (if it pays) rewrites one collective of
+    /// computation `comp_id`; returns its report entry.
+    fn decide(
+        &self,
+        module: &mut Module,
+        comp_id: CompId,
+        instr: &HloInstructionProto,
+        reducers: &mut Option<Reducers>,
+        edits: &mut Edits,
+    ) -> Result<OpReport, PassError> {
+        let comp = module
+            .computation(comp_id)
+            .ok_or_else(|| PassError::Failed("computation vanished".into()))?;
+        let mut entry = OpReport::new(describe(comp, instr), self.stage);
+        let decision = eligibility::examine(module, comp, instr, &self.options, &self.counts)
+            .and_then(|c| choose(&c, &self.options).map(|choice| (c, choice)));
+        match decision {
+            Err(reason) => {
+                if let SkipReason::NotFaster(time) = &reason {
+                    entry.predicted_time = Some(time.clone());
+                }
+                entry.reason = Some(reason.to_string());
+            }
+            Ok((candidate, Choice { plan, time })) => {
+                let reducers = *reducers.get_or_insert_with(|| Reducers::add_to(module));
+                let spliced = splice(module, &candidate, &plan, self.stage, reducers, edits)?;
+                entry.rewritten(&candidate, &plan, &spliced.emitted);
+                entry.predicted_time = Some(time);
+            }
+        }
+        Ok(entry)
+    }
+}

@@ -1,0 +1,274 @@
+//! What the pass says about every collective: what it is ([`describe`], the
+//! same rows `equarx analyze` lists), why it stayed ([`SkipReason`]), and
+//! what it became ([`OpReport`], with the plan the rewrite carries out).
+
+use super::eligibility::{Candidate, FORCE_ATTRIBUTE};
+use crate::ir::groups::{GroupMode, ReplicaGroups};
+use crate::ir::{Computation, InstrId, Module, shape};
+use crate::numerics::error::predicted_rel_rms;
+use crate::passes::Stage;
+use crate::plan::{Config, Form, Plan, PlanError, Rotation, baseline_wire_bytes};
+use crate::proto::HloInstructionProto;
+
+/// Why a collective was left as it is.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SkipReason {
+    #[error("not a collective equarx rewrites")]
+    NotRewritable,
+    #[error("it has no operands")]
+    NoOperands,
+    #[error("operand {0} is not in its computation")]
+    MissingOperand(i64),
+    #[error("operand {0} is a tuple (equarx quantizes arrays)")]
+    TupleOperand(i64),
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    #[error("reduction is not a sum: {0}")]
+    NotSum(String),
+    #[error("opted out by frontend attribute {FORCE_ATTRIBUTE}=\"false\"")]
+    OptedOut,
+    #[error("bad frontend attribute: {0}")]
+    BadAttribute(String),
+    #[error("inside a fusion computation")]
+    InFusion,
+    #[error("has control dependencies")]
+    ControlDependencies,
+    #[error("a -start without a single -done user")]
+    AsyncShape,
+    #[error("dynamic shapes")]
+    DynamicShape,
+    #[error("element type {0} is not floating point (integer sums must stay exact)")]
+    NotFloat(String),
+    #[error("element type {0} is not enabled (see --types)")]
+    TypeNotEnabled(String),
+    #[error("element type {0} cannot be quantized")]
+    NotQuantizable(String),
+    #[error("groups have different sizes")]
+    UnevenGroups,
+    #[error("replica groups: {0}")]
+    BadGroups(String),
+    #[error("not expressible with collective-permute: {0}")]
+    ModeNotExpressible(String),
+    #[error(
+        "{0}; give the counts (--replica-count / --num-partitions), e.g. --replica-count 1 for JAX SPMD programs"
+    )]
+    CountsUnknown(String),
+    #[error("payload of {bytes} bytes is below the minimum of {min} (see --min-payload)")]
+    BelowThreshold { bytes: u64, min: u64 },
+    #[error(
+        "padding to P·L·B makes the quantized ring send {after} bytes, not fewer than {before}"
+    )]
+    NoGain { before: u64, after: u64 },
+    #[error(
+        "the cost model predicts no gain on {}: {:.2}x (bf16 ring {:.1} us, equarx {:.1} us; \
+         a model, see --topology, or force with --min-payload)",
+        .0.topology, .0.speedup, .0.bf16_us, .0.equarx_us
+    )]
+    NotFaster(PredictedTime),
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+    #[error(
+        "no configuration meets the error budget of {budget}% (the most exact, {best}, predicts {predicted:.2}% on Gaussian data)"
+    )]
+    OverBudget {
+        budget: f64,
+        best: String,
+        predicted: f64,
+    },
+}
+
+/// A collective instruction as it stands: what `equarx analyze` lists, and
+/// the first columns of every [`OpReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct CollectiveOp {
+    pub name: String,
+    pub computation: String,
+    pub opcode: String,
+    pub shape: String,
+    /// The operands' element types, in order, repeats merged.
+    pub element_types: Vec<String>,
+    /// Devices per group (for collective-permute: the number of pairs).
+    pub group_size: Option<usize>,
+    pub groups: Option<usize>,
+    pub mode: String,
+    /// How the groups are written (`list`, `iota`, `mesh-axes`); `None`
+    /// for a collective-permute, or groups that do not read.
+    pub encoding: Option<String>,
+    pub channel_id: Option<i64>,
+    /// Bytes of the operands.
+    pub payload_bytes: u64,
+}
+
+/// The pass's decision for one collective.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct OpReport {
+    #[serde(flatten)]
+    pub op: CollectiveOp,
+    /// The pipeline stage the module was taken to be at.
+    pub stage: Stage,
+    pub rewritten: bool,
+    /// Why it was skipped (or, when rewritten, notes such as a forced op).
+    pub reason: Option<String>,
+    /// Bytes each device sends for the quantized operands: the collective
+    /// done the bandwidth-optimal way in their own type (an all-reduce's
+    /// ring: 2·(P−1)/P·payload).
+    pub wire_bytes_before: Option<u64>,
+    /// Bytes each device sends in the emitted collectives.
+    pub wire_bytes_after: Option<u64>,
+    /// Predicted relative RMS error against the exact sum (Gaussian data).
+    pub predicted_rel_rms: Option<f64>,
+    /// The cost model's times (a model, not a measurement).
+    pub predicted_time: Option<PredictedTime>,
+    pub plan: Option<PlanSummary>,
+}
+
+/// The cost model's view of one rewrite.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PredictedTime {
+    pub topology: String,
+    pub bf16_us: f64,
+    pub equarx_us: f64,
+    pub speedup: f64,
+}
+
+/// The plan of a rewrite, as the report shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PlanSummary {
+    /// The configuration chosen (`Plan::new(P, elements, &config)` gives
+    /// the plan back).
+    pub config: Config,
+    pub algorithm: String,
+    pub rotation: Rotation,
+    /// How repeated steps are emitted; `None` when the plan has none.
+    pub form: Option<Form>,
+    pub block_size: usize,
+    pub lanes: usize,
+    pub padding_elements: usize,
+    /// How often a partial sum is quantized on its way.
+    pub quantizations: usize,
+    /// Collective ops in the emitted HLO (a loop body's count once).
+    pub collectives: usize,
+    /// Collective steps each device runs (a loop's every iteration).
+    pub collective_steps: u64,
+    /// Instructions the rewrite emitted, its loop computations included
+    /// (before any outlining into loop fusions; the module's scalar
+    /// reducers, shared by every op, not counted).
+    pub instructions: usize,
+}
+
+/// What the emitter and the splice made for one op.
+pub struct Emitted {
+    pub collectives: usize,
+    pub instructions: usize,
+}
+
+impl OpReport {
+    /// before / after, when rewritten.
+    pub fn wire_ratio(&self) -> Option<f64> {
+        match (self.wire_bytes_before, self.wire_bytes_after) {
+            (Some(b), Some(a)) if a > 0 => Some(b as f64 / a as f64),
+            _ => None,
+        }
+    }
+
+    /// The entry of an op not decided yet.
+    pub fn new(op: CollectiveOp, stage: Stage) -> Self {
+        OpReport {
+            op,
+            stage,
+            rewritten: false,
+            reason: None,
+            wire_bytes_before: None,
+            wire_bytes_after: None,
+            predicted_rel_rms: None,
+            predicted_time: None,
+            plan: None,
+        }
+    }
+
+    /// Fills in what a rewrite of `c` by `plan` did.
+    pub fn rewritten(&mut self, c: &Candidate, plan: &Plan, emitted: &Emitted) {
+        let p = plan.group_size;
+        self.rewritten = true;
+        self.op.group_size = Some(p);
+        self.op.groups = Some(c.participants.groups.len());
+        self.op.payload_bytes = c.payload_bytes;
+        self.wire_bytes_before = Some(baseline_wire_bytes(c.collective, p, c.payload_bytes));
+        self.wire_bytes_after = Some(plan.wire_bytes());
+        self.predicted_rel_rms = Some(predicted_rel_rms(plan, c.mantissa_bits()));
+        if c.forced {
+            self.reason = Some(format!("forced by {FORCE_ATTRIBUTE}=\"true\""));
+        }
+        self.plan = Some(PlanSummary {
+            config: plan.config.clone(),
+            algorithm: plan.algorithm_name(),
+            rotation: plan.config.rotation,
+            form: plan.repeats().then_some(plan.config.form),
+            block_size: plan.block(),
+            lanes: plan.lanes.len(),
+            padding_elements: plan.padded() - plan.elements,
+            quantizations: plan.quantizations(),
+            collectives: emitted.collectives,
+            collective_steps: plan.collective_steps(),
+            instructions: emitted.instructions,
+        });
+    }
+}
+
+/// What `instr`, a collective of computation `c`, is.
+pub fn describe(c: &Computation, instr: &HloInstructionProto) -> CollectiveOp {
+    let operands: Vec<_> = instr
+        .operand_ids
+        .iter()
+        .filter_map(|&o| c.get(InstrId(o)).and_then(|o| o.shape.as_ref()))
+        .collect();
+    let mut types: Vec<String> = operands
+        .iter()
+        .map(|s| shape::type_name(s.element_type).unwrap_or("?").to_string())
+        .collect();
+    types.dedup();
+    let permute = instr.opcode.starts_with("collective-permute");
+    let groups = if permute {
+        None
+    } else {
+        ReplicaGroups::of(instr).ok()
+    };
+    CollectiveOp {
+        name: instr.name.clone(),
+        computation: c.name().to_string(),
+        opcode: instr.opcode.clone(),
+        shape: instr
+            .shape
+            .as_ref()
+            .map(shape::describe)
+            .unwrap_or_default(),
+        element_types: types,
+        group_size: if permute {
+            Some(instr.source_target_pairs.len())
+        } else {
+            groups.as_ref().and_then(ReplicaGroups::uniform_size)
+        },
+        groups: groups.as_ref().map(|g| g.groups.len()),
+        mode: GroupMode::of(instr).as_str().to_string(),
+        encoding: groups.map(|g| g.encoding.as_str().to_string()),
+        channel_id: (instr.channel_id > 0).then_some(instr.channel_id),
+        payload_bytes: operands
+            .iter()
+            .filter_map(|s| shape::byte_size(s))
+            .fold(0u64, u64::saturating_add),
+    }
+}
+
+/// Every collective of `module`, in module order (`equarx analyze`).
+pub fn collectives(module: &Module) -> Vec<CollectiveOp> {
+    module
+        .computations()
+        .iter()
+        .flat_map(|c| {
+            c.instructions()
+                .iter()
+                .filter(|i| crate::ir::opcode::is_collective(&i.opcode))
+                .map(move |i| describe(c, i))
+        })
+        .collect()
+}

@@ -1,0 +1,361 @@
+//! Replacing one collective by its emitted plan: the operands that join
+//! the pipeline are read (a widened one at its narrow source), the rest
+//! keep a plain collective of their own, and every use of the old result,
+//! element by element for a tuple, is pointed at the new values.
+
+use super::eligibility::{Candidate, Operand};
+use super::emit::{EmitInputs, emit};
+use super::report::Emitted;
+use crate::ir::builder::{Builder, Value};
+use crate::ir::opcode::Opcode;
+use crate::ir::{CompId, Computation, Edits, InstrId, Module, shape};
+use crate::passes::{PassError, Stage};
+use crate::plan::Plan;
+use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
+
+/// The scalar computations the emitted reductions call.
+#[derive(Clone, Copy)]
+pub struct Reducers {
+    pub max_f32: CompId,
+    pub or_s32: CompId,
+    pub add_f32: CompId,
+}
+
+impl Reducers {
+    /// Adds the module's scalar reducers (once per module).
+    pub fn add_to(module: &mut Module) -> Self {
+        Reducers {
+            max_f32: module.add_scalar_reducer("equarx_max_f32", "maximum", PrimitiveType::F32),
+            or_s32: module.add_scalar_reducer("equarx_or_s32", "or", PrimitiveType::S32),
+            add_f32: module.add_scalar_reducer("equarx_add_f32", "add", PrimitiveType::F32),
+        }
+    }
+}
+
+fn fail(message: impl Into<String>) -> PassError {
+    PassError::Failed(message.into())
+}
+
+fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
+    // Short on purpose: every emitted instruction (about a hundred per
+    // collective) carries this. The stack frame and source line still lead to
+    // the program line that made the all-reduce.
+    let source = instr.metadata.clone().unwrap_or_default();
+    OpMetadata {
+        op_name: format!("equarx[{}]", instr.name),
+        source_file: source.source_file,
+        source_line: source.source_line,
+        stack_frame_id: source.stack_frame_id,
+        ..Default::default()
+    }
+}
+
+/// What [`splice`] made: the counts the report shows, and the loop
+/// computations the emitter added.
+pub struct Spliced {
+    pub emitted: Emitted,
+    pub computations: Vec<CompId>,
+}
+
+/// Emits `plan` for candidate `c` and records, in `edits`, how it replaces
+/// the collective (applied for the whole computation at once).
+pub fn splice(
+    module: &mut Module,
+    c: &Candidate,
+    plan: &Plan,
+    stage: Stage,
+    reducers: Reducers,
+    edits: &mut Edits,
+) -> Result<Spliced, PassError> {
+    let comp = module
+        .computation(c.comp)
+        .ok_or_else(|| fail("computation vanished"))?;
+    let get = |id: InstrId| {
+        comp.get(id)
+            .cloned()
+            .ok_or_else(|| fail("instruction vanished"))
+    };
+    let instr = get(c.instr)?;
+    let done = c.done.map(get).transpose()?;
+    let target = c.done.unwrap_or(c.instr);
+    let result = done
+        .as_ref()
+        .unwrap_or(&instr)
+        .shape
+        .clone()
+        .unwrap_or_default();
+    let tuple = shape::is_tuple(&result);
+    let element_shapes: Vec<ShapeProto> = if tuple {
+        result.tuple_shapes.clone()
+    } else {
+        vec![result.clone()]
+    };
+    let readers = Readers::of(comp, target, tuple);
+    // An f32 operand that is only a widening of bf16 / f16 (XLA:CPU
+    // promotes bf16 all-reduces so before its pre-scheduler stage) is read
+    // in its narrow type: the chain converts it to f32 where it reads it,
+    // with the same values, and the widened copy is never made (the pass
+    // remove-dead-widenings drops it once nothing reads it).
+    let packed: Vec<Value> = c
+        .quantized()
+        .map(|o| narrow_source(module, comp, o.id, c.instr).unwrap_or_else(|| value(o)))
+        .collect();
+
+    let mut b = Builder::new(module, c.comp, Some(metadata_for(&instr)));
+    let results: Vec<ShapeProto> = shapes_of(c, &element_shapes, true);
+    let emitted = emit(
+        &mut b,
+        &EmitInputs {
+            plan,
+            participants: &c.participants,
+            operands: &packed,
+            results: &results,
+            max_f32: reducers.max_f32,
+            or_s32: reducers.or_s32,
+            add_f32: reducers.add_f32,
+            async_permutes: c.done.is_some(),
+            stage,
+            dimension: c.dimension,
+        },
+    );
+    let parts = parts(
+        &mut b,
+        c,
+        &instr,
+        done.as_ref(),
+        &element_shapes,
+        emitted.values,
+    )?;
+    let whole = if !tuple {
+        Some(parts[0].clone())
+    } else if readers.others {
+        Some(b.tuple(&parts))
+    } else {
+        None
+    };
+    let mut keep: Vec<InstrId> = parts.iter().map(|p| p.id).collect();
+    keep.extend(whole.iter().map(|w| w.id));
+    let instrs = b.finish_keeping(&keep).map_err(fail)?;
+    let computations = emitted.computations;
+    let in_loops = || {
+        computations
+            .iter()
+            .filter_map(|&id| module.computation(id))
+            .flat_map(|c| c.instructions())
+    };
+    let emitted = Emitted {
+        collectives: instrs.iter().chain(in_loops()).filter(|i| sends(i)).count(),
+        instructions: instrs.len() + in_loops().count(),
+    };
+
+    edits.insert_before.insert(c.instr, instrs);
+    if let Some(whole) = whole {
+        edits.replace.insert(target, whole.id);
+    }
+    for (g, index) in readers.elements {
+        let part = usize::try_from(index).ok().and_then(|i| parts.get(i));
+        let part = part.ok_or_else(|| fail("get-tuple-element index out of range"))?;
+        edits.replace.insert(g, part.id);
+        edits.remove.insert(g);
+    }
+    edits.remove.insert(c.instr);
+    edits.remove.extend(c.done);
+    Ok(Spliced {
+        emitted,
+        computations,
+    })
+}
+
+fn value(o: &Operand) -> Value {
+    Value {
+        id: o.id,
+        shape: o.shape.clone(),
+    }
+}
+
+/// The result shapes of the operands that are (or are not) quantized.
+fn shapes_of(c: &Candidate, element_shapes: &[ShapeProto], quantized: bool) -> Vec<ShapeProto> {
+    c.operands
+        .iter()
+        .zip(element_shapes)
+        .filter(|(o, _)| o.quantized == quantized)
+        .map(|(_, s)| s.clone())
+        .collect()
+}
+
+/// Who reads a collective's result: a tuple result is taken apart by
+/// get-tuple-elements, which are forwarded to the parts; the tuple itself
+/// is built only if something else reads it.
+struct Readers {
+    /// The get-tuple-elements, with their indices.
+    elements: Vec<(InstrId, i64)>,
+    /// Whether anything else reads the whole result (the root counts).
+    others: bool,
+}
+
+impl Readers {
+    fn of(comp: &Computation, target: InstrId, tuple: bool) -> Readers {
+        let mut readers = Readers {
+            elements: Vec::new(),
+            others: false,
+        };
+        if !tuple {
+            return readers;
+        }
+        readers.others = comp.root_id() == target;
+        for i in comp
+            .instructions()
+            .iter()
+            .filter(|i| i.operand_ids.contains(&target.0))
+        {
+            if Opcode::of(i) == Some(Opcode::GetTupleElement) && i.operand_ids.len() == 1 {
+                readers.elements.push((InstrId(i.id), i.tuple_index));
+            } else {
+                readers.others = true;
+            }
+        }
+        readers
+    }
+}
+
+/// The new value of every operand's result, in operand order: the
+/// quantized ones from `sums`; the others from a plain collective of their
+/// own, a copy of the original (`instr`, and its `done`).
+fn parts(
+    b: &mut Builder,
+    c: &Candidate,
+    instr: &HloInstructionProto,
+    done: Option<&HloInstructionProto>,
+    element_shapes: &[ShapeProto],
+    sums: Vec<Value>,
+) -> Result<Vec<Value>, PassError> {
+    let rest: Vec<Value> = c
+        .operands
+        .iter()
+        .filter(|o| !o.quantized)
+        .map(value)
+        .collect();
+    let residual = if rest.is_empty() {
+        None
+    } else {
+        let mut rest_shapes = shapes_of(c, element_shapes, false);
+        let s = if rest.len() == 1 {
+            rest_shapes.remove(0)
+        } else {
+            shape::tuple(rest_shapes)
+        };
+        let refs: Vec<&Value> = rest.iter().collect();
+        let start = b.clone_with(instr, &refs, s.clone());
+        Some(match done {
+            Some(d) => b.clone_with(d, &[&start], s),
+            None => start,
+        })
+    };
+    let mut parts = Vec::new();
+    let (mut quantized, mut r) = (sums.into_iter(), 0i64);
+    for o in &c.operands {
+        if o.quantized {
+            parts.push(
+                quantized
+                    .next()
+                    .ok_or_else(|| fail("the plan gave too few values"))?,
+            );
+        } else {
+            let res = residual
+                .as_ref()
+                .ok_or_else(|| fail("the residual collective is missing"))?;
+            parts.push(if rest.len() == 1 {
+                res.clone()
+            } else {
+                b.get_tuple_element(res, r)
+            });
+            r += 1;
+        }
+    }
+    Ok(parts)
+}
+
+/// The narrow value `operand` only widens: `operand` = convert(x) from
+/// bf16 / f16 to f32, or XLA's wrapped form (a kLoop fusion of that one
+/// convert), used by `user` alone. Reading x instead leaves the widening
+/// unused.
+pub fn narrow_source(
+    module: &Module,
+    comp: &Computation,
+    operand: InstrId,
+    user: InstrId,
+) -> Option<Value> {
+    let convert = comp.get(operand)?;
+    let source = comp.get(InstrId(*convert.operand_ids.first()?))?;
+    let wrapped = widening(module, convert, source)?;
+    let used_elsewhere = comp.instructions().iter().any(|i| {
+        (i.id != user.0 && i.operand_ids.contains(&operand.0))
+            || i.control_predecessor_ids.contains(&operand.0)
+    });
+    if comp.root_id() == operand || !convert.control_predecessor_ids.is_empty() || used_elsewhere {
+        return None;
+    }
+    // The wrapped computation must be this fusion's alone.
+    if let Some(called) = wrapped {
+        let callers = module
+            .computations()
+            .iter()
+            .flat_map(|c| c.instructions())
+            .filter(|i| i.called_computation_ids.contains(&called.0))
+            .count();
+        if callers != 1 {
+            return None;
+        }
+    }
+    Some(Value {
+        id: InstrId(source.id),
+        shape: source.shape.clone()?,
+    })
+}
+
+/// Whether `convert` (reading `source`) widens bf16 / f16 to f32 without
+/// changing dimensions: `Some(None)` for a convert, `Some(Some(c))` for a
+/// kLoop fusion of one convert (computation `c`), `None` otherwise.
+pub fn widening(
+    module: &Module,
+    convert: &HloInstructionProto,
+    source: &HloInstructionProto,
+) -> Option<Option<CompId>> {
+    let narrow = |t: i32| t == PrimitiveType::Bf16 as i32 || t == PrimitiveType::F16 as i32;
+    let ty = |i: &HloInstructionProto| i.shape.as_ref().map(|s| s.element_type);
+    let widens = source.shape.as_ref().map(|s| &s.dimensions)
+        == convert.shape.as_ref().map(|s| &s.dimensions)
+        && ty(source).is_some_and(narrow)
+        && ty(convert) == Some(PrimitiveType::F32 as i32)
+        && convert.operand_ids.len() == 1;
+    if !widens {
+        return None;
+    }
+    match Opcode::of(convert)? {
+        Opcode::Convert => Some(None),
+        Opcode::Fusion if convert.fusion_kind == "kLoop" => {
+            let called = CompId(*convert.called_computation_ids.first()?);
+            let body = module.computation(called)?;
+            let root = body.get(body.root_id())?;
+            let param = body.get(InstrId(*root.operand_ids.first()?))?;
+            let only_convert = body.instructions().len() == 2
+                && Opcode::of(root) == Some(Opcode::Convert)
+                && Opcode::of(param) == Some(Opcode::Parameter);
+            only_convert.then_some(Some(called))
+        }
+        _ => None,
+    }
+}
+
+/// Whether an emitted instruction sends data (an async pair counts once).
+fn sends(i: &HloInstructionProto) -> bool {
+    matches!(
+        Opcode::of(i),
+        Some(
+            Opcode::CollectivePermute
+                | Opcode::CollectivePermuteStart
+                | Opcode::AllGather
+                | Opcode::AllToAll
+        )
+    )
+}
