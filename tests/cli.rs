@@ -376,3 +376,63 @@ fn a_code_format_given_to_format_points_to_quant_format() {
         "{err}"
     );
 }
+
+/// `-o x.txt` and `-o x.txt.gz` hold the same text, the device counts the
+/// options set included (the gzip path once printed the input's counts,
+/// and printed the text twice).
+#[test]
+fn text_and_gzipped_text_hold_the_same_module() {
+    let dir = scratch("cli_txt_gz");
+    let (plain, gz) = (dir.join("out.txt"), dir.join("out.txt.gz"));
+    for out in [&plain, &gz] {
+        run(&[
+            "rewrite",
+            &fixture("psum_bf16_p8.pb"),
+            "-o",
+            out.to_str().unwrap(),
+            "--min-payload",
+            "0",
+            "--replica-count",
+            "1",
+            "--num-partitions",
+            "8",
+        ]);
+    }
+    let text = std::fs::read_to_string(&plain).unwrap();
+    let mut inflated = String::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap())
+        .read_to_string(&mut inflated)
+        .unwrap();
+    assert_eq!(text, inflated, "the .txt.gz text differs from the .txt");
+    assert!(
+        text.starts_with("HloModule") && text.matches("HloModule").count() == 1,
+        "one module: {}",
+        &text[..200.min(text.len())]
+    );
+    assert!(text.lines().next().unwrap().contains("num_partitions=8"));
+}
+
+/// A slice shape with a zero dimension, or more chips than any machine
+/// (whose product once overflowed a u32), is refused, naming the option.
+#[test]
+fn topology_slices_of_zero_or_too_many_chips_are_refused() {
+    for (spec, why) in [
+        ("v5e:0x4", "has a dimension of 0"),
+        ("v5e:4x0", "has a dimension of 0"),
+        ("v5e:65536x65536", "has more than"),
+        ("v5e:4294967295x4294967295", "has more than"),
+    ] {
+        let o = equarx()
+            .args(["rewrite", &fixture("psum_bf16_p8.pb"), "-o", "/dev/null"])
+            .args(["--topology", spec])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{spec} was accepted");
+        assert!(
+            err.contains("option topology:") && err.contains(why),
+            "{spec}: {err}"
+        );
+    }
+}

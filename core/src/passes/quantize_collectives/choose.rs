@@ -243,21 +243,30 @@ pub fn choose_plan(
             });
         }
     }
+    // The fastest plan (by total order: a NaN prediction sorts last), then
+    // among those within CHEAP of it, itself included, the most exact.
     let fastest = scored
         .iter()
         .map(|s| s.time.equarx_us)
-        .fold(f64::INFINITY, f64::min);
-    // `scored` is not empty, and its fastest plan is within CHEAP of itself.
-    let Some(chosen) = scored
-        .into_iter()
-        .filter(|s| s.time.equarx_us <= CHEAP * fastest)
-        .min_by(|a, b| {
-            a.error_pct
-                .total_cmp(&b.error_pct)
-                .then(a.time.equarx_us.total_cmp(&b.time.equarx_us))
-        })
-    else {
-        unreachable!("the fastest plan is within {CHEAP} of itself")
+        .min_by(f64::total_cmp)
+        .unwrap_or(f64::INFINITY);
+    let mut near: Vec<Scored> = Vec::new();
+    let mut rest: Vec<Scored> = Vec::new();
+    for s in scored {
+        if s.time.equarx_us <= CHEAP * fastest {
+            near.push(s);
+        } else {
+            rest.push(s);
+        }
+    }
+    // `scored` held a plan (checked above), so `near` or `rest` does.
+    let pool = if near.is_empty() { rest } else { near };
+    let Some(chosen) = pool.into_iter().min_by(|a, b| {
+        a.error_pct
+            .total_cmp(&b.error_pct)
+            .then(a.time.equarx_us.total_cmp(&b.time.equarx_us))
+    }) else {
+        unreachable!("a non-empty set of plans has a most exact one")
     };
     let (plan, prediction) = (chosen.plan, chosen.time);
     let before = baseline_wire_bytes(payload.collective, p, payload.bytes);

@@ -101,10 +101,20 @@ impl Emitter<'_, '_, '_> {
     }
 
     /// The operand's geometry around the collective's dimension d:
-    /// (elements before d, size of d, elements after d).
-    pub(super) fn around(&self, x: &Value) -> (i64, i64, i64) {
-        let dims = x.dims();
-        let d = self.inputs.dimension.unwrap_or(0) as usize;
+    /// (elements before d, size of d, elements after d). Eligibility gives
+    /// every array collective of rows a dimension in range; one without is
+    /// an inconsistency the rewrite fails on.
+    pub(super) fn around(&mut self, x: &Value) -> (i64, i64, i64) {
+        let dims = x.dims().to_vec();
+        let d = match self.inputs.dimension.and_then(|d| usize::try_from(d).ok()) {
+            Some(d) if d < dims.len() => d,
+            other => {
+                self.b.fail(format!(
+                    "the collective's dimension {other:?} does not fit its operand {dims:?}"
+                ));
+                return (1, dims.iter().product(), 1);
+            }
+        };
         let before: i64 = dims[..d].iter().product();
         let after: i64 = dims[d + 1..].iter().product();
         (before, dims[d], after)
