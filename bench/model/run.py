@@ -129,8 +129,9 @@ def table(res):
         t, f = r["vs_tp_bf16"], r["vs_ref_f32"]
         rows.append([f"#{r['program']}", str(r["T"]), r["topology"] or "-", r["label"], ch, n,
                      fmt(s.get("predicted_rel_rms_max"), ".2%"), f"{r['ppl']:.3f}",
-                     f"{t['dppl_pct']:+.3f}", f"{t['top1_agreement']:.4f}", f"{t['kl_mean']:.5f}",
-                     f"{f['dppl_pct']:+.3f}", f"{f['top1_agreement']:.4f}", f"{f['kl_mean']:.5f}", same])
+                     f"{t['dppl_pct']:+.3f}±{t['dppl_pct_se']:.3f}", f"{t['top1_agreement']:.4f}",
+                     f"{t['kl_mean']:.5f}", f"{f['dppl_pct']:+.3f}±{f['dppl_pct_se']:.3f}",
+                     f"{f['top1_agreement']:.4f}", f"{f['kl_mean']:.5f}", same])
     widths = [max(len(c), *(len(x[i]) for x in rows)) for i, c in enumerate(cols)]
     line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths))  # noqa: E731
     out = [head, line(cols), line(["-" * w for w in widths])] + [line(x) for x in rows]
@@ -142,7 +143,8 @@ def table(res):
         out.append(f"not rewritten (T={T} {topo} {label}): " + "; ".join(reasons))
     out.append("prog: rows with the same # compiled to the same module (run and scored once). "
                "tp = vs the bf16 TP program without equarx (same T), f32 = vs the f32 "
-               "single-device reference; KL(baseline || row) in nats/token; pred.err: the "
+               "single-device reference; Δppl ± its standard error (per-token differences); "
+               "KL(baseline || row) in nats/token; pred.err: the "
                "report's largest predicted relative RMS error of one all-reduce (Gaussian data)")
     return "\n".join(out)
 

@@ -17,7 +17,7 @@ runs the head; products of bf16 values are exact in f32).
 
 Per program x and baseline b (the bf16 TP program of the same T, and the
 f32 reference): perplexity ``exp(mean nll)``, Δppl % ``100 (ppl_x / ppl_b
-- 1)``, top-1 agreement (``argmax`` equal), and the mean
+- 1)`` (with its standard error from the per-token differences), top-1 agreement (``argmax`` equal), and the mean
 ``KL(b ‖ x) = Σ_v p_b (log p_b - log p_x)`` in nats per token.
 """
 
@@ -117,6 +117,14 @@ def metrics(stats: list[dict[str, np.ndarray]], m: int, base: int) -> dict:
     ppl_ref = math.exp(float(np.mean(ref_nll.astype(np.float64))))
     ppl_base = math.exp(float(np.mean(base_nll.astype(np.float64))))
     per_window = [math.exp(float(np.mean(s["nll"][m].astype(np.float64)))) for s in stats]
+
+    def dppl_se(other_nll):
+        # Standard error of Δppl % from the per-token differences (as if
+        # tokens were independent, which neighbours are not quite): how
+        # finely this many predictions can resolve a perplexity change.
+        d = nll.astype(np.float64) - other_nll.astype(np.float64)
+        return 100.0 * math.exp(float(np.mean(d))) * float(np.std(d)) / math.sqrt(d.size)
+
     return {
         "tokens_scored": int(nll.size),
         "ppl": ppl,
@@ -124,12 +132,14 @@ def metrics(stats: list[dict[str, np.ndarray]], m: int, base: int) -> dict:
         "vs_tp_bf16": {
             "ppl": ppl_base,
             "dppl_pct": 100.0 * (ppl / ppl_base - 1.0),
+            "dppl_pct_se": dppl_se(base_nll),
             "top1_agreement": float(np.mean(top == base_top)),
             "kl_mean": float(np.mean(cat("kl_base")[m].astype(np.float64))),
         },
         "vs_ref_f32": {
             "ppl": ppl_ref,
             "dppl_pct": 100.0 * (ppl / ppl_ref - 1.0),
+            "dppl_pct_se": dppl_se(ref_nll),
             "top1_agreement": float(np.mean(top == ref_top)),
             "kl_mean": float(np.mean(cat("kl_ref")[m].astype(np.float64))),
         },
