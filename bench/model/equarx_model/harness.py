@@ -58,12 +58,24 @@ def rel_rms(got, want) -> float:
     return float(np.sqrt(np.mean((g - w) ** 2) / np.mean(w ** 2)))
 
 
+_STACK_TABLE = re.compile(r'^(FileNames|FunctionNames|FileLocations|StackFrames|\d+ [{"].*)$')
+_METADATA = re.compile(r",? metadata=\{.*?\}")
+
+
+def program_key(text: str) -> str:
+    """A hash of the compiled module without its source locations (the
+    stack-frame table and ``metadata``), which name the Python caller: the
+    same program compiled from two places gets the same key."""
+    kept = [_METADATA.sub("", l) for l in text.splitlines() if not _STACK_TABLE.match(l)]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+
+
 def hlo_stats(text: str) -> dict:
     lines = text.splitlines()
     return {
         "all_reduces": sum(1 for l in lines if _ALL_REDUCE.search(l)),
         "narrow_collectives": sum(1 for l in lines if _NARROW_COLLECTIVE.search(l)),
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "sha256": program_key(text),
     }
 
 
