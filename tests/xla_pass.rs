@@ -324,6 +324,29 @@ fn cases() -> Vec<Case> {
         chained(4.0, 8),
     ));
 
+    // Collectives that read each other's results (an all-reduce of an
+    // all-reduce, an all-gather of that), under the pass's own choices:
+    // each rewrite reads the one before it.
+    let chained_module = equarx::text::parse(CHAINED).expect("parses").proto;
+    v.push(Case {
+        name: "chained_collectives".into(),
+        module: chained_module.clone(),
+        options: opts(|o| {
+            o.algorithm = None;
+            o.rotation = None;
+        }),
+        replicas: 1,
+        partitions: 8,
+        check: Check::Program {
+            reference: Box::new(chained_module),
+            bound: chained(3.0, 8),
+        },
+        baseline: true,
+        disable: "",
+        via_text_cli: None,
+        goal: None,
+    });
+
     // Mesh-axes groups with device ids: XLA's MLIR path mangles those in the
     // original, so the reference is the same module with the groups the
     // fixture generator recorded, written as explicit lists.
@@ -710,6 +733,23 @@ struct Measured {
     bound: f64,
     baseline: Option<f64>,
 }
+
+/// Three collectives in a row, each reading the one before.
+const CHAINED: &str = r#"HloModule chained, replica_count=1, num_partitions=8
+
+add {
+  a = bf16[] parameter(0)
+  b = bf16[] parameter(1)
+  ROOT s = bf16[] add(a, b)
+}
+
+ENTRY main {
+  x = bf16[8,1024] parameter(0)
+  y = bf16[8,1024] all-reduce(x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=add
+  z = bf16[8,1024] all-reduce(y), channel_id=2, replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=add
+  ROOT g = bf16[64,1024] all-gather(z), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, use_global_device_ids=true
+}
+"#;
 
 #[test]
 fn rewritten_modules_run_in_xla_with_bounded_error_and_identical_replicas() {

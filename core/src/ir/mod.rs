@@ -373,7 +373,12 @@ impl Module {
             let id = InstrId(instr.id);
             if let Some(batch) = insert_before.remove(&id) {
                 inserted_before.insert(id.0, batch.iter().map(|i| i.id).collect());
-                new.extend(batch);
+                // A batch may read an instruction another edit replaces
+                // (the rewrite of an op whose operand was rewritten too).
+                new.extend(batch.into_iter().map(|mut i| {
+                    i.operand_ids.iter_mut().for_each(|o| *o = resolve(*o));
+                    i
+                }));
             }
             if remove.contains(&id) {
                 continue;
