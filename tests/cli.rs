@@ -436,3 +436,151 @@ fn topology_slices_of_zero_or_too_many_chips_are_refused() {
         );
     }
 }
+
+/// Writes an `.npz` of f32 arrays (name, shape, values).
+fn write_npz(path: &std::path::Path, arrays: &[(&str, Vec<u64>, Vec<f32>)]) {
+    use npyz::WriterBuilder;
+    let file = std::fs::File::create(path).unwrap();
+    let mut zip = zip::ZipWriter::new(file);
+    for (name, shape, values) in arrays {
+        zip.start_file(
+            format!("{name}.npy"),
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        let mut w = npyz::WriteOptions::new()
+            .default_dtype()
+            .shape(shape)
+            .writer(&mut zip)
+            .begin_nd()
+            .unwrap();
+        w.extend(values.iter().copied()).unwrap();
+        w.finish().unwrap();
+    }
+    zip.finish().unwrap();
+}
+
+const TWO_PSUMS: &str = r#"HloModule m, replica_count=1, num_partitions=4
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[64,64] parameter(0)
+  y = f32[64,64] all-reduce(x), channel_id=1, replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=add, metadata={op_name="jit(f)/psum" source_file="model.py" source_line=7}
+  ROOT z = f32[64,64] all-reduce(y), channel_id=2, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=add, metadata={op_name="jit(f)/psum" source_file="model.py" source_line=8}
+}
+"#;
+
+#[test]
+fn calibrate_turns_saved_inputs_into_a_profile_the_rewrite_uses() {
+    let dir = scratch("cli_calibrate");
+    let module = dir.join("m.hlo");
+    std::fs::write(&module, TWO_PSUMS).unwrap();
+    let m = module.display().to_string();
+    let (list, _) = run(&["calibrate", &m, "--list"]);
+    assert!(
+        list.contains("model.py:7") && list.contains("4096"),
+        "{list}"
+    );
+
+    // y's inputs: one outlier column 100x the rest (rotation spreads it);
+    // z's: three runs of Gaussian inputs.
+    let mut rng = common::Rng::new(9);
+    let y: Vec<f32> = (0..4 * 4096)
+        .map(|i| rng.gaussian() as f32 * if i % 64 == 5 { 100.0 } else { 1.0 })
+        .collect();
+    let z: Vec<f32> = (0..3 * 4 * 4096).map(|_| rng.gaussian() as f32).collect();
+    let npz = dir.join("in.npz");
+    write_npz(
+        &npz,
+        &[
+            ("y", vec![4, 64, 64], y.clone()),
+            ("z", vec![3, 4, 64, 64], z),
+        ],
+    );
+    let profile = dir.join("p.json");
+    let (out, _) = run(&[
+        "calibrate",
+        &m,
+        "--inputs",
+        &npz.display().to_string(),
+        "-o",
+        &profile.display().to_string(),
+    ]);
+    assert!(out.contains("2 collectives measured, 0 not"), "{out}");
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    assert_eq!(p["ops"].as_array().map(Vec::len), Some(2), "{p}");
+
+    // The rewrite with and without the profile: y's prediction follows its
+    // outliers (unrotated, far above the prior; the choice rotates).
+    let report = |extra: &[&str]| -> Vec<Value> {
+        let json = dir.join("r.json");
+        let mut args = vec![
+            "rewrite",
+            m.as_str(),
+            "-o",
+            "/dev/null",
+            "--types",
+            "f32",
+            "--min-payload",
+            "0",
+        ];
+        let j = json.display().to_string();
+        args.extend(["--report-json", j.as_str()]);
+        args.extend(extra);
+        run(&args);
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let plain = report(&[]);
+    let p_path = profile.display().to_string();
+    let steered = report(&["--profile", &p_path]);
+    assert!(plain.iter().all(|r| r["basis"] == "prior"), "{plain:?}");
+    assert!(
+        steered.iter().all(|r| r["basis"] == "profile"),
+        "{steered:?}"
+    );
+    let unrotated = report(&["--profile", &p_path, "--rotation", "none"]);
+    let (with, without) = (
+        unrotated[0]["predicted_rel_rms"].as_f64().unwrap(),
+        plain[0]["predicted_rel_rms"].as_f64().unwrap(),
+    );
+    assert!(
+        with > 2.0 * without,
+        "the outliers show: {with} vs the prior's {without}"
+    );
+
+    // An array that names no collective, a wrong size and a non-npz are
+    // refused with the reason, and no profile is written.
+    let bad = |arrays: &[(&str, Vec<u64>, Vec<f32>)], want: &str| {
+        write_npz(&npz, arrays);
+        let out = dir.join("bad.json");
+        let o = equarx()
+            .args([
+                "calibrate",
+                &m,
+                "--inputs",
+                &npz.display().to_string(),
+                "-o",
+            ])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{want}: {err}");
+        assert!(!out.exists(), "nothing written on {want}");
+    };
+    bad(&[("w", vec![4, 4096], y.clone())], "name no collective");
+    bad(
+        &[("y", vec![4, 100], vec![0.0; 400])],
+        "not a whole number of runs",
+    );
+    let o = equarx()
+        .args(["calibrate", &m, "--inputs", &m, "-o", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not an .npz"));
+}

@@ -101,18 +101,28 @@ fn gemma3_tensor_parallel_through_the_jax_door() {
             "{name}: every device holds bit-identical hidden states: {run}"
         );
     }
-    // One window is a fixed, deterministic sample (the same number every
-    // run of the same build), not a precise one: the report's `dppl_pct_se`
-    // says how finely its predictions resolve a perplexity change.
-    let dppl = e["vs_tp_bf16"]["dppl_pct"].as_f64().unwrap();
-    assert!(
-        dppl <= MAX_DPPL_PCT,
-        "defaults: perplexity {:+.3} % (standard error {:.3} %) vs the bf16 TP program (bound \
-         +{MAX_DPPL_PCT} %); chosen {}, KL {} nats/token, top-1 agreement {}",
-        dppl,
-        e["vs_tp_bf16"]["dppl_pct_se"].as_f64().unwrap_or(f64::NAN),
-        e["plans"],
-        e["vs_tp_bf16"]["kl_mean"],
-        e["vs_tp_bf16"]["top1_agreement"]
+    // The bound, twice. One window's perplexity change is a sample of a few
+    // hundred next tokens: its standard error (`dppl_pct_se`, about 0.35 %
+    // at 256 tokens) is larger than the bound, so on its own it could not
+    // tell +0.1 % from +0.5 %. The mean KL between the two programs'
+    // next-token distributions at the same positions has no such sampling
+    // noise (it does not depend on which token came next), and
+    // exp(KL) − 1 is the perplexity change to expect when the data follow
+    // the model: that estimate must meet the bound, and the window's
+    // measured change must be consistent with it (within two standard
+    // errors), so that a real regression fails either way.
+    let vs = &e["vs_tp_bf16"];
+    let dppl = vs["dppl_pct"].as_f64().unwrap();
+    let se = vs["dppl_pct_se"].as_f64().unwrap();
+    let kl = vs["kl_mean"].as_f64().unwrap();
+    let expected = 100.0 * kl.exp_m1();
+    let what = format!(
+        "defaults: perplexity {dppl:+.3} % measured (standard error {se:.3} %), {expected:+.3} % \
+         expected from KL {kl:.5} nats/token, vs the bf16 TP program (bound +{MAX_DPPL_PCT} %); \
+         chosen {}, top-1 agreement {}",
+        e["plans"], vs["top1_agreement"]
     );
+    println!("{what}");
+    assert!(expected <= MAX_DPPL_PCT, "{what}");
+    assert!(dppl <= MAX_DPPL_PCT + 2.0 * se, "{what}");
 }

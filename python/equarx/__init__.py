@@ -25,6 +25,7 @@ from equarx._native import (
     RewriteResult,
     check_options,
     library_path,
+    op_stats,
     rewrite,
     version,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "RewriteResult",
     "check_options",
     "library_path",
+    "op_stats",
     "rewrite",
     "version",
 ]

@@ -157,6 +157,7 @@ def _state_changed() -> None:
                 "stage": _registered["stage"].name,
                 "platforms": _registered["platforms"],
                 "options": _registered["options"],
+                "profile": _registered.get("profile_sha256"),
             }
         if _native_registrations:
             state["native"] = list(_native_registrations)
@@ -222,6 +223,8 @@ def options(**pass_options: Any) -> dict[str, Any]:
 
 
 def _json_value(v: Any) -> Any:
+    if isinstance(v, dict) and v.get("version") is not None and "ops" in v:
+        return json.dumps(v)  # a calibration profile itself: the option's JSON form
     if isinstance(v, (str, bytes, bool, int, float, dict)):
         return v
     if isinstance(v, Iterable):
@@ -272,7 +275,11 @@ def enable(
     _install_cache_key_hook()
     library = _library_identity()
     _unregister()
-    options_json = _native.options_json(opts)
+    # A profile file is read once, here: what the key holds is what every
+    # compile uses, even if the file is rewritten later.
+    profile_text = _profile_text(opts.get("profile"))
+    given = dict(opts, profile=profile_text) if profile_text is not None else opts
+    options_json = _native.options_json(given)
     jxla.register_hlo_module_transformation(
         _callback(options_json), name=name, stage=pipeline_stage, platforms=platforms
     )
@@ -283,8 +290,22 @@ def enable(
             "platforms": platforms,
             "options": opts,
             "library": library,
+            "profile_sha256": (hashlib.sha256(profile_text.encode()).hexdigest()
+                               if profile_text is not None else None),
         }
     _state_changed()
+
+
+def _profile_text(profile: Any) -> str | None:
+    """The JSON of a ``profile`` option given as a file's path (``None``
+    for none, or for a profile given as JSON)."""
+    if not isinstance(profile, str) or profile.lstrip().startswith("{"):
+        return None
+    try:
+        with open(profile, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise EquarxError(f"invalid options: profile: cannot read {profile}: {e}") from None
 
 
 def _unregister() -> bool:
@@ -316,7 +337,7 @@ def enabled() -> dict[str, Any] | None:
     with _lock:
         if _registered is None:
             return None
-        return {k: v for k, v in _registered.items() if k != "library"}
+        return {k: v for k, v in _registered.items() if k not in ("library", "profile_sha256")}
 
 
 def last_report() -> list[dict[str, Any]] | None:
@@ -374,9 +395,12 @@ def register_native(
     _state_changed()
 
 
+from equarx.calibration import calibrate  # noqa: E402  (it imports this module lazily)
+
 __all__ = [
     "EquarxError",
     "PASS_NAME",
+    "calibrate",
     "disable",
     "enable",
     "enabled",

@@ -196,8 +196,13 @@ impl Emitter<'_, '_, '_> {
         let (codes, scale) = self.split(message);
         let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
-        let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
-        let scale = self.b.multiply(&scale, &norm);
+        // The norm scales the scale, or is in the matrix already.
+        let scale = if self.norm_folded() {
+            scale
+        } else {
+            let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
+            self.b.multiply(&scale, &norm)
+        };
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
         self.b.multiply(&turned, &scale)
     }
