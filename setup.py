@@ -37,6 +37,10 @@ from setuptools_rust import RustBin, Strip, build_rust
 
 ROOT = pathlib.Path(__file__).resolve().parent
 LIBRARY = "libequarx.so"
+# setuptools' own output, out of the source tree. egg_info refuses a
+# directory that does not exist, as in a fresh clone.
+BUILD = ROOT / "target" / "setuptools"
+BUILD.mkdir(parents=True, exist_ok=True)
 
 
 def core_version() -> str:
@@ -102,9 +106,6 @@ setup(
         RustBin("equarx", path="Cargo.toml", cargo_manifest_args=["--locked"], strip=Strip.Debug),
     ],
     cmdclass={"build_rust": build_rust_and_library, "bdist_wheel": bdist_wheel_any_python},
-    options={
-        "build": {"build_base": "target/setuptools"},
-        "egg_info": {"egg_base": "target/setuptools"},
-    },
+    options={"build": {"build_base": str(BUILD)}, "egg_info": {"egg_base": str(BUILD)}},
     zip_safe=False,
 )
