@@ -78,7 +78,9 @@ Examples:
 /// HloProto (`--xla_dump_hlo_as_proto`) or an HloModuleProtoWithConfig,
 /// optionally gzip-compressed; the format is detected. `-` reads stdin.
 #[derive(Parser)]
-#[command(name = "equarx", version, after_help = EXAMPLES)]
+// The version is the library's (core/Cargo.toml), the one the wheel, the C
+// ABI and the Python door report.
+#[command(name = "equarx", version = equarx::ffi::VERSION.trim_end_matches('\0'), after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -14,6 +14,7 @@ Prints one line ``JAX_DOOR_RESULT <json>``; the Rust test asserts on it.
 """
 
 import ctypes
+import io
 import json
 import os
 import re
@@ -252,6 +253,22 @@ def main():
                 s.tobytes() == shards[0].tobytes() for s in shards[1:]
             ),
         }
+    # 2c. enable() with no platforms (JAX's default backend) as a context
+    # manager, and the report as the CLI's table: inside the block the
+    # block compiles with equarx; leaving it puts back the int4
+    # registration of the loop above.
+    with ej.enable(types=("bf16", "f32"), min_payload=0) as on:
+        compiled, _ = compile_block()
+        table = io.StringIO()
+        ej.print_report(file=table)
+        result["with_default_backend"] = {
+            "default_backend": jax.default_backend(),
+            "platforms": on.registration["platforms"],
+            "s8_collectives": count_s8_collectives(compiled.as_text()),
+            "report_table": table.getvalue(),
+        }
+    result["with_default_backend"]["restored_options"] = (ej.enabled() or {}).get("options")
+
     # Back to section 2's options, which section 3 expects enabled.
     ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0, pipeline_depth=1)
 

@@ -77,6 +77,35 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
     );
     assert_eq!(e["shards"], 8);
 
+    // enable() with no platforms: JAX's default backend; as a context
+    // manager, restoring what was enabled before; the report as a table.
+    let w = &r["with_default_backend"];
+    assert_eq!(w["default_backend"], "cpu", "{w}");
+    assert_eq!(w["platforms"], serde_json::json!(["cpu"]), "{w}");
+    assert!(w["s8_collectives"].as_u64() >= Some(2), "{w}");
+    let table = w["report_table"].as_str().unwrap_or("");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("collective ") && lines[0].ends_with(" reason"),
+        "{table}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains(" rewritten ")).count(),
+        2,
+        "{table}"
+    );
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with("2 of 2 collectives rewritten"),
+        "{table}"
+    );
+    assert_eq!(
+        w["restored_options"]["quant_format"], "int4",
+        "leaving the block restores the registration before it: {w}"
+    );
+
     let bad = &r["bad_options"];
     assert_eq!(
         bad["type"], "EquarxError",

@@ -2,10 +2,13 @@
 
 The shared library is found, in order, at:
 
-1. ``$EQUARX_LIB`` (a path to ``libequarx.so``);
-2. ``libequarx.so`` next to this package;
+1. ``$EQUARX_LIB`` (a path to ``libequarx.so``): when set it wins, and a
+   path that is no file is an error rather than a fallback;
+2. ``libequarx.so`` next to this package: the one an installed package
+   (``pip install .``, the wheel) carries;
 3. ``<repo>/target/release/libequarx.so``, ``<repo>/target/debug/libequarx.so``
-   (and the same under ``$CARGO_TARGET_DIR``), for a source checkout.
+   (and the same under ``$CARGO_TARGET_DIR``), for a source checkout on
+   ``PYTHONPATH=python``.
 
 Calls release the GIL (ctypes does so for ``CDLL`` functions), so XLA may
 compile modules on several threads while equarx rewrites one.
@@ -87,7 +90,11 @@ def _candidates() -> list[pathlib.Path]:
 
 
 def library_path() -> pathlib.Path:
-    """The ``libequarx.so`` this process uses (or would use)."""
+    """The ``libequarx.so`` this process uses: once loaded (by the first
+    call into it), that one; before, the one it would load, in the order
+    above."""
+    if _lib is not None:
+        return pathlib.Path(_lib._name)
     env = os.environ.get("EQUARX_LIB")
     if env:
         p = pathlib.Path(env)
@@ -99,7 +106,8 @@ def library_path() -> pathlib.Path:
             return p
     tried = ", ".join(str(p) for p in _candidates())
     raise EquarxError(
-        "cannot find libequarx.so: build it with `cargo build --release --lib` "
+        "cannot find libequarx.so: install the package (`pip install .` in a "
+        "checkout), build it with `cargo build --release --lib`, "
         f"or set EQUARX_LIB to its path (looked at {tried})"
     )
 

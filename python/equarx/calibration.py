@@ -312,7 +312,8 @@ def calibrate(
     platforms = [platforms] if isinstance(platforms, str) else list(platforms)
     options = ej.options(**pass_options)
     _native.check_options(options)
-    before = ej.enabled()
+    with ej._lock:
+        before = None if ej._registered is None else dict(ej._registered)
     cache = jax.config.jax_enable_compilation_cache
     recorder = _Recorder()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -346,8 +347,7 @@ def calibrate(
         jax.config.update("jax_enable_compilation_cache", cache)
         jax.clear_caches()
         if before is not None:
-            ej.enable(before["platforms"], name=before["name"], stage=before["stage"],
-                      **before["options"])
+            ej._activate(before)  # the registration as it was, profile included
     if recorder.errors:
         raise recorder.errors[0]
     if recorder.pending:
