@@ -19,8 +19,13 @@ wire before   bytes each device sends, the collective done the
               bandwidth-optimal way in its own type
 wire after    bytes each device sends in the emitted collectives
 ratio         wire before / wire after
-rel.err       predicted relative RMS error against the exact sum
-              (Gaussian data)
+rel.err       predicted relative RMS error against the exact sum, on the
+              data column's basis
+data          what rel.err assumed of the data: ``prior`` (fitted to a real
+              LLM's all-reduce inputs), ``profile`` (this op's own,
+              measured by calibration), ``prior*`` (a profile was given but
+              holds nothing for this op; the report's ``prediction`` says
+              why)
 model         the time model's speedup on the ``topology`` option (a model,
               not a measurement)
 reason        why it was skipped (or a note, e.g. forced)
@@ -50,6 +55,7 @@ COLUMNS: tuple[tuple[str, bool], ...] = (
     ("wire after", True),
     ("ratio", True),
     ("rel.err", True),
+    ("data", False),
     ("model", True),
     ("reason", False),
 )
@@ -63,6 +69,10 @@ def plan_cell(plan: Mapping[str, Any] | None) -> str:
     rotation = "+hadamard" if plan.get("rotation") == "hadamard" else ""
     form = f"/{plan['form']}" if plan.get("form") else ""
     return f"{plan['algorithm']}{rotation}{form}"
+
+
+#: The ``data`` column's word for each ``basis`` a report names.
+BASIS_WORDS = {"prior": "prior", "profile": "profile", "prior-unmatched": "prior*"}
 
 
 def _count(v: Any) -> str:
@@ -87,6 +97,7 @@ def row(op: Mapping[str, Any]) -> list[str]:
         _count(after),
         ratio,
         "-" if err is None else f"{err * 100:.2f}%",
+        "-" if op.get("basis") is None else BASIS_WORDS.get(op["basis"], op["basis"]),
         "-" if time is None else f"{time['speedup']:.2f}x",
         op.get("reason") or "",
     ]
@@ -109,8 +120,11 @@ def format_report(report: Iterable[Mapping[str, Any]]) -> str:
     rewritten = sum(1 for op in report if op["rewritten"])
     stage = f", the module taken to be {report[0]['stage']} (option stage)" if report else ""
     lines.append(
-        f"{rewritten} of {len(report)} collectives rewritten{stage}; model: the time "
-        "model's speedup on the topology option, a model, not a measurement\n"
+        f"{rewritten} of {len(report)} collectives rewritten{stage}; rel.err: predicted "
+        "on the data column's basis (prior: fitted to a real LLM's all-reduce inputs; "
+        "profile: this op's own, option profile; prior*: the profile holds nothing for "
+        "it, the report's prediction says why); model: the time model's speedup on the "
+        "topology option, a model, not a measurement\n"
     )
     return "".join(lines)
 
