@@ -276,7 +276,8 @@ fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: 
 }
 
 /// The exchange: every member's copy quantized once, and the owner's sum
-/// of their dequantized values in rank order.
+/// of their dequantized values in rank order (the emitter's chain of adds,
+/// the first rank's values first).
 fn exchange_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, b: usize, st: Quant, fma: bool) {
     reduce_phase(held, axis, |r, t, before| {
         let own = before[r][t].as_ref().map_or(0, Vec::len);
@@ -288,7 +289,12 @@ fn exchange_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, b: usize, st: 
             for (blk, acc) in from.chunks(b).zip(sum.chunks_mut(b)) {
                 let (q, s) = quantize_block(blk, st);
                 for (a, &c) in acc.iter_mut().zip(&q) {
-                    *a = if fma { c.mul_add(s, *a) } else { *a + c * s };
+                    // The first rank's values start the chain of adds.
+                    *a = match (k, fma) {
+                        (0, _) => c * s,
+                        (_, true) => c.mul_add(s, *a),
+                        (_, false) => *a + c * s,
+                    };
                 }
             }
         }

@@ -4,6 +4,7 @@
 
 use super::{Emitter, dim};
 use crate::ir::builder::Value;
+use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Rotation};
@@ -12,6 +13,12 @@ impl Emitter<'_, '_, '_> {
     /// Reduce-scatter over the whole group by one all-to-all: every slice
     /// quantized once, the owner's sum of the dequantized slices in rank
     /// order. `held` is `[P, c]`; returns f32 `[c]`.
+    ///
+    /// The sum is a chain of adds, not a `reduce`: a reduce's order is the
+    /// backend's (XLA:CPU hands large ones to YNNPACK, which reassociates),
+    /// and where the codes' sums are not exact (fp8's, f32 scales') the
+    /// result would then hang on it; a chain fixes the order the simulator
+    /// follows on every backend.
     pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
         let plan = self.plan();
         debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
@@ -19,8 +26,14 @@ impl Emitter<'_, '_, '_> {
         let received = self.send_rows(held);
         let values = self.dequantize(&received);
         let values = self.b.reshape(&values, &[p, c]);
-        let zero = self.f32c(0.0);
-        self.b.reduce(&values, &zero, &[0], self.inputs.add_f32)
+        let rows: Vec<Value> = (0..p)
+            .map(|k| self.b.slice(&values, &[k, 0], &[k + 1, c]))
+            .collect();
+        let mut sum = rows[0].clone();
+        for next in &rows[1..] {
+            sum = self.b.binary(Opcode::Add, &sum, next);
+        }
+        self.b.reshape(&sum, &[c])
     }
 
     /// Every row of `held` (`[P, c]`) quantized once, row k sent to rank k;
