@@ -241,7 +241,8 @@ fn cases() -> Vec<Case> {
     // An all-reduce inside a conditional branch (the predicate holds on
     // every device for these inputs).
     let text =
-        std::fs::read_to_string(common::repo().join("tests/cases/conditional_psum.hlo")).unwrap();
+        std::fs::read_to_string(common::repo().join("tests/cases/modules/conditional_psum.hlo"))
+            .unwrap();
     let parsed = equarx::text::parse(&text).unwrap();
     v.push(psum(
         "conditional_branch",
@@ -1162,7 +1163,7 @@ struct HugeRun {
 /// different across the 8 devices. Here, with the default options (two
 /// lanes each way round the ring, bf16 scales, all-gather) and every
 /// all-reduce rewritten, real XLA runs:
-/// - `tests/cases/scan_mlp.hlo` (4 MLP layers, the psum in the while body)
+/// - `tests/cases/modules/scan_mlp.hlo` (4 MLP layers, the psum in the while body)
 ///   with heavy-tailed inputs, every 64th channel 100× larger: the
 ///   activations reach 1e19 and more, all finite;
 /// - 8-way psums (bf16 and f32) of extreme finite values: near the largest
@@ -1190,7 +1191,8 @@ fn replicas_stay_bit_identical_for_huge_finite_inputs() {
         replica_count: Some(1),
         num_partitions: Some(8),
     };
-    let text = std::fs::read_to_string(common::repo().join("tests/cases/scan_mlp.hlo")).unwrap();
+    let text =
+        std::fs::read_to_string(common::repo().join("tests/cases/modules/scan_mlp.hlo")).unwrap();
     let mlp = equarx::text::parse(&text)
         .expect("scan_mlp.hlo parses")
         .proto;
