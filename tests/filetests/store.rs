@@ -360,8 +360,7 @@ fn run_batch(file: &str, jobs: &[Job]) -> Result<HashMap<String, Answer>, String
         ours.push((key, tool_jobs.len() - 1, out));
     }
     eprintln!(
-        "{file}: {} XLA jobs in one batch ({} of them this file's parse and run jobs)",
-        tool_jobs.len(),
+        "{file}: the file's {} missing XLA answers, in one batch",
         jobs.len()
     );
     let answers = common::run_xla(&work, &tool_jobs);
