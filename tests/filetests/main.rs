@@ -65,6 +65,10 @@ fn main() {
         move || every_snapshot_belongs_to_a_test(&a).map_err(Failed::from),
     ));
     trials.push(Trial::test(
+        "suite::the_header_refuses_what_it_does_not_know",
+        || the_header_refuses_what_it_does_not_know().map_err(Failed::from),
+    ));
+    trials.push(Trial::test(
         "suite::the_simulator_is_compared_often",
         move || the_simulator_is_compared_often(&all).map_err(Failed::from),
     ));
@@ -141,4 +145,48 @@ fn the_simulator_is_compared_often(files: &[std::sync::Arc<CaseFile>]) -> Result
     } else {
         Err(format!("too few simulator comparisons: {n}"))
     }
+}
+
+/// A header that does not say exactly what it means is an error, never a
+/// looser test: a typo in a key, a key twice, a check without data, a goal
+/// on data that is not drawn.
+fn the_header_refuses_what_it_does_not_know() -> Result<(), String> {
+    let good = "// check: psum {{0,1}}\n// devices: replicas=1 partitions=2\n\
+                // data: gaussian\n// plan: ring/loop\n";
+    header::parse(good).map_err(|e| format!("the good header: {e}"))?;
+    let cases: &[(&str, &str)] = &[
+        ("// chek: psum {{0,1}}\n", "unknown key \"chek\""),
+        ("// goals: gaussian 0.1\n", "unknown key \"goals\""),
+        ("// data: gaussian\n", "data is given twice"),
+        (
+            "// goal: outliers 0.01\n",
+            "the goal's data outliers is not in `data:`",
+        ),
+        (
+            "// variant a: {} -> ring\n// variant a: {} -> ring\n",
+            "variant a is given twice",
+        ),
+        ("// variant b: {\"block_size\": } -> ring\n", "options JSON"),
+        ("// variant c: {} ring\n", "variant NAME: {OPTIONS} -> PLAN"),
+        ("// baseline: maybe\n", "baseline is `yes` or `no: WHY`"),
+        ("// door: ffi\n", "door is `library` or `cli`"),
+    ];
+    for (extra, want) in cases {
+        match header::parse(&format!("{good}{extra}")) {
+            Ok(_) => return Err(format!("accepted {extra:?}")),
+            Err(e) if e.contains(want) => {}
+            Err(e) => return Err(format!("{extra:?}: {e:?} does not say {want:?}")),
+        }
+    }
+    let bare = "// devices: replicas=1 partitions=2\n// plan: ring/loop\n";
+    match header::parse(bare) {
+        Err(e) if e.contains("no `check:`") => {}
+        other => return Err(format!("a positive test without a check: {other:?}")),
+    }
+    let dataless = "// check: psum {{0,1}}\n// devices: replicas=1 partitions=2\n// plan: ring\n";
+    match header::parse(dataless) {
+        Err(e) if e.contains("needs `data:`") => {}
+        other => return Err(format!("a run without data: {other:?}")),
+    }
+    Ok(())
 }

@@ -213,7 +213,7 @@ pub fn answers(
     file: &str,
     own: &[Job],
     all: impl FnOnce() -> Vec<Job>,
-    mut help: impl FnMut() -> Result<bool, String>,
+    mut help: impl FnMut() -> bool,
 ) -> Result<Vec<Answer>, String> {
     let keys: Vec<String> = own.iter().map(Job::key).collect();
     let lookup = |fresh: &HashMap<String, Answer>| -> Option<Vec<Answer>> {
@@ -228,7 +228,7 @@ pub fn answers(
         if let Some(l) = try_lock(file)? {
             break l;
         }
-        if !help()? {
+        if !help() {
             break lock(file)?;
         }
     };
