@@ -1,10 +1,11 @@
 //! The `equarx` command line: a thin shell over the library. Each command
 //! is a module of its own ([`rewrite`], [`print`], [`analyze`],
-//! [`simulate`], [`model`]); [`args`] holds what they share and [`tables`]
+//! [`simulate`], [`model`], [`calibrate`]); [`args`] holds what they share and [`tables`]
 //! how they print.
 
 mod analyze;
 mod args;
+mod calibrate;
 mod charts;
 mod model;
 mod plot;
@@ -61,6 +62,10 @@ Examples:
   # What collectives does a dump hold?
   equarx analyze module_0012.jit_f.cpu_after_optimizations.hlo.pb
 
+  # Calibrate on saved inputs, then choose with the op's own statistics:
+  equarx calibrate module.pb --inputs inputs.npz -o module.profile.json
+  equarx rewrite module.pb -o module.eqx.pb --profile module.profile.json --report
+
   # Print a module as HLO text that XLA's parser reads back:
   equarx print tests/fixtures/psum_bf16_p8.pb";
 
@@ -73,7 +78,9 @@ Examples:
 /// HloProto (`--xla_dump_hlo_as_proto`) or an HloModuleProtoWithConfig,
 /// optionally gzip-compressed; the format is detected. `-` reads stdin.
 #[derive(Parser)]
-#[command(name = "equarx", version, after_help = EXAMPLES)]
+// The version is the library's (core/Cargo.toml), the one the wheel, the C
+// ABI and the Python door report.
+#[command(name = "equarx", version = equarx::ffi::VERSION.trim_end_matches('\0'), after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -97,6 +104,10 @@ enum Command {
     /// Predicted bf16 and equarx all-reduce times over message sizes on a
     /// named topology (a model from public figures, not a measurement).
     Model(model::ModelArgs),
+    /// A calibration profile from collectives' saved inputs (.npz), for
+    /// `--profile`: the choice and the predicted error then use each op's
+    /// measured statistics instead of the prior.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -110,6 +121,7 @@ fn main() -> ExitCode {
         Command::Analyze(a) => analyze::run(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Model(a) => model::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

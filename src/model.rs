@@ -8,6 +8,7 @@ use clap::Args;
 
 use equarx::Options;
 use equarx::cost::{Prediction, Topology, predict};
+use equarx::numerics::error::Data;
 use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
 use equarx::passes::quantize_collectives::report::SkipReason;
 use equarx::plan::Rotation;
@@ -119,7 +120,7 @@ pub fn model_bf16(
         bytes,
         mantissa_bits: 7,
     };
-    let choice = choose_plan(p, &payload, true, &options)?;
+    let choice = choose_plan(p, &payload, true, Data::Prior, &options)?;
     let prediction = predict(t, &choice.plan, bytes, 2.0);
     Ok((choice.plan, prediction))
 }

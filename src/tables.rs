@@ -65,6 +65,7 @@ pub fn report(report: &[OpReport], stage: Stage) -> String {
         ("wire after", Right),
         ("ratio", Right),
         ("rel.err", Right),
+        ("data", Left),
         ("model", Right),
         ("reason", Left),
     ]);
@@ -83,6 +84,7 @@ pub fn report(report: &[OpReport], stage: Stage) -> String {
             r.wire_ratio().map_or("-".into(), |x| format!("{x:.3}")),
             r.predicted_rel_rms
                 .map_or("-".into(), |e| format!("{:.2}%", e * 100.0)),
+            r.basis.map_or("-".into(), |b| b.word().to_string()),
             r.predicted_time
                 .as_ref()
                 .map_or("-".into(), |t| format!("{:.2}x", t.speedup)),
@@ -92,7 +94,10 @@ pub fn report(report: &[OpReport], stage: Stage) -> String {
     let rewritten = report.iter().filter(|r| r.rewritten).count();
     format!(
         "{}{rewritten} of {} collectives rewritten, the module taken to be {stage} (--stage); \
-         model: the time model's speedup on --topology, a model, not a measurement\n",
+         rel.err: predicted on the data column's basis (prior: fitted to a real LLM's \
+         all-reduce inputs; profile: this op's own, --profile; prior*: the profile holds \
+         nothing for it, --report-json says why); model: the time model's \
+         speedup on --topology, a model, not a measurement\n",
         t.render(),
         report.len()
     )

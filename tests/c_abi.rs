@@ -15,8 +15,9 @@ use std::ffi::CStr;
 use std::process::Command;
 
 use equarx::ffi::c_abi::{
-    EQUARX_INVALID_MODULE, EQUARX_OK, EQUARX_REWRITE_FAILED, EquarxResult, equarx_free_result,
-    equarx_rewrite,
+    EQUARX_INVALID_ARGUMENT, EQUARX_INVALID_MODULE, EQUARX_OK, EQUARX_REWRITE_FAILED, EquarxResult,
+    equarx_free_result, equarx_free_string, equarx_op_stats, equarx_profile, equarx_rewrite,
+    equarx_sites,
 };
 
 fn repo() -> std::path::PathBuf {
@@ -147,4 +148,115 @@ fn mutated_modules_never_crash_the_door() {
     }
     println!("statuses over 400 mutations: {statuses:?}");
     assert!(statuses.get(&EQUARX_INVALID_MODULE).copied().unwrap_or(0) > 50);
+}
+
+/// A `char**` out-string as Rust, freed.
+fn take(p: *mut std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: a NUL-terminated string from equarx, freed once here.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    unsafe { equarx_free_string(p) };
+    s
+}
+
+/// Calibration's three calls: sites of a real module, statistics of inputs,
+/// a profile of them; nulls, garbage and mismatched statistics get a status
+/// and a message, never a crash.
+#[test]
+fn calibration_calls_check_their_arguments() {
+    let module = std::fs::read(repo().join("tests/fixtures/psum_bf16_p8.pb")).unwrap();
+    let (mut out, mut err) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid buffers and out-pointers.
+    let status = unsafe {
+        equarx_sites(
+            module.as_ptr(),
+            module.len(),
+            std::ptr::null(),
+            &mut out,
+            &mut err,
+        )
+    };
+    assert_eq!(status, EQUARX_OK, "{}", take(err));
+    let sites: serde_json::Value = serde_json::from_str(&take(out)).unwrap();
+    assert_eq!(sites.as_array().map(Vec::len), Some(1), "{sites}");
+    let key = sites[0]["key"].clone();
+    assert_eq!(key["group_size"], 8);
+
+    // SAFETY: as above; garbage bytes and a null module.
+    let status = unsafe { equarx_sites(b"junk".as_ptr(), 4, std::ptr::null(), &mut out, &mut err) };
+    assert_eq!(status, EQUARX_INVALID_MODULE);
+    assert!(out.is_null() && !take(err).is_empty());
+    // SAFETY: a null module is refused before use.
+    let status = unsafe { equarx_sites(std::ptr::null(), 4, std::ptr::null(), &mut out, &mut err) };
+    assert_eq!(status, EQUARX_INVALID_ARGUMENT);
+    take(err);
+
+    let rows: Vec<f32> = (0..8 * 256)
+        .map(|i| ((i * 7919) % 97) as f32 - 48.0)
+        .collect();
+    let source = c"test";
+    // SAFETY: `rows` holds 8 × 256 floats.
+    let status = unsafe {
+        equarx_op_stats(
+            rows.as_ptr(),
+            8,
+            256,
+            0,
+            source.as_ptr(),
+            &mut out,
+            &mut err,
+        )
+    };
+    assert_eq!(status, EQUARX_OK, "{}", take(err));
+    let stats: serde_json::Value = serde_json::from_str(&take(out)).unwrap();
+    // SAFETY: 8 × 0 elements is refused, not read.
+    let status =
+        unsafe { equarx_op_stats(rows.as_ptr(), 8, 0, 0, source.as_ptr(), &mut out, &mut err) };
+    assert_eq!(status, EQUARX_INVALID_ARGUMENT);
+    take(err);
+
+    let profile = |ops: serde_json::Value| -> (i32, String) {
+        let m = serde_json::json!({"source": "test", "ops": ops}).to_string();
+        let m = std::ffi::CString::new(m).unwrap();
+        let (mut out, mut err) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: a NUL-terminated string and out-pointers.
+        let status = unsafe { equarx_profile(m.as_ptr(), &mut out, &mut err) };
+        let text = if status == EQUARX_OK {
+            take(out)
+        } else {
+            take(err)
+        };
+        (status, text)
+    };
+    let (status, text) = profile(serde_json::json!([{"key": key, "stats": [stats, stats]}]));
+    assert_eq!(status, EQUARX_OK, "{text}");
+    assert!(text.contains("\"version\": 1"), "{text}");
+    let two = {
+        let rows4: Vec<f32> = rows[..4 * 256].to_vec();
+        // SAFETY: 4 × 256 floats.
+        let status = unsafe {
+            equarx_op_stats(
+                rows4.as_ptr(),
+                4,
+                256,
+                0,
+                source.as_ptr(),
+                &mut out,
+                &mut err,
+            )
+        };
+        assert_eq!(status, EQUARX_OK);
+        serde_json::from_str::<serde_json::Value>(&take(out)).unwrap()
+    };
+    let (status, text) = profile(serde_json::json!([{"key": key, "stats": [stats, two]}]));
+    assert_eq!(status, EQUARX_INVALID_ARGUMENT, "{text}");
+    assert!(text.contains("different shapes"), "{text}");
+    let (status, text) = profile(serde_json::json!([{"key": 3}]));
+    assert_eq!(status, EQUARX_INVALID_ARGUMENT, "{text}");
+    // SAFETY: a null string is refused before use.
+    let status = unsafe { equarx_profile(std::ptr::null(), &mut out, &mut err) };
+    assert_eq!(status, EQUARX_INVALID_ARGUMENT);
+    take(err);
 }

@@ -376,3 +376,211 @@ fn a_code_format_given_to_format_points_to_quant_format() {
         "{err}"
     );
 }
+
+/// `-o x.txt` and `-o x.txt.gz` hold the same text, the device counts the
+/// options set included (the gzip path once printed the input's counts,
+/// and printed the text twice).
+#[test]
+fn text_and_gzipped_text_hold_the_same_module() {
+    let dir = scratch("cli_txt_gz");
+    let (plain, gz) = (dir.join("out.txt"), dir.join("out.txt.gz"));
+    for out in [&plain, &gz] {
+        run(&[
+            "rewrite",
+            &fixture("psum_bf16_p8.pb"),
+            "-o",
+            out.to_str().unwrap(),
+            "--min-payload",
+            "0",
+            "--replica-count",
+            "1",
+            "--num-partitions",
+            "8",
+        ]);
+    }
+    let text = std::fs::read_to_string(&plain).unwrap();
+    let mut inflated = String::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap())
+        .read_to_string(&mut inflated)
+        .unwrap();
+    assert_eq!(text, inflated, "the .txt.gz text differs from the .txt");
+    assert!(
+        text.starts_with("HloModule") && text.matches("HloModule").count() == 1,
+        "one module: {}",
+        &text[..200.min(text.len())]
+    );
+    assert!(text.lines().next().unwrap().contains("num_partitions=8"));
+}
+
+/// A slice shape with a zero dimension, or more chips than any machine
+/// (whose product once overflowed a u32), is refused, naming the option.
+#[test]
+fn topology_slices_of_zero_or_too_many_chips_are_refused() {
+    for (spec, why) in [
+        ("v5e:0x4", "has a dimension of 0"),
+        ("v5e:4x0", "has a dimension of 0"),
+        ("v5e:65536x65536", "has more than"),
+        ("v5e:4294967295x4294967295", "has more than"),
+    ] {
+        let o = equarx()
+            .args(["rewrite", &fixture("psum_bf16_p8.pb"), "-o", "/dev/null"])
+            .args(["--topology", spec])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{spec} was accepted");
+        assert!(
+            err.contains("option topology:") && err.contains(why),
+            "{spec}: {err}"
+        );
+    }
+}
+
+/// Writes an `.npz` of f32 arrays (name, shape, values).
+fn write_npz(path: &std::path::Path, arrays: &[(&str, Vec<u64>, Vec<f32>)]) {
+    use npyz::WriterBuilder;
+    let file = std::fs::File::create(path).unwrap();
+    let mut zip = zip::ZipWriter::new(file);
+    for (name, shape, values) in arrays {
+        zip.start_file(
+            format!("{name}.npy"),
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        let mut w = npyz::WriteOptions::new()
+            .default_dtype()
+            .shape(shape)
+            .writer(&mut zip)
+            .begin_nd()
+            .unwrap();
+        w.extend(values.iter().copied()).unwrap();
+        w.finish().unwrap();
+    }
+    zip.finish().unwrap();
+}
+
+const TWO_PSUMS: &str = r#"HloModule m, replica_count=1, num_partitions=4
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[64,64] parameter(0)
+  y = f32[64,64] all-reduce(x), channel_id=1, replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=add, metadata={op_name="jit(f)/psum" source_file="model.py" source_line=7}
+  ROOT z = f32[64,64] all-reduce(y), channel_id=2, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=add, metadata={op_name="jit(f)/psum" source_file="model.py" source_line=8}
+}
+"#;
+
+#[test]
+fn calibrate_turns_saved_inputs_into_a_profile_the_rewrite_uses() {
+    let dir = scratch("cli_calibrate");
+    let module = dir.join("m.hlo");
+    std::fs::write(&module, TWO_PSUMS).unwrap();
+    let m = module.display().to_string();
+    let (list, _) = run(&["calibrate", &m, "--list"]);
+    assert!(
+        list.contains("model.py:7") && list.contains("4096"),
+        "{list}"
+    );
+
+    // y's inputs: one outlier column 100x the rest (rotation spreads it);
+    // z's: three runs of Gaussian inputs.
+    let mut rng = common::Rng::new(9);
+    let y: Vec<f32> = (0..4 * 4096)
+        .map(|i| rng.gaussian() as f32 * if i % 64 == 5 { 100.0 } else { 1.0 })
+        .collect();
+    let z: Vec<f32> = (0..3 * 4 * 4096).map(|_| rng.gaussian() as f32).collect();
+    let npz = dir.join("in.npz");
+    write_npz(
+        &npz,
+        &[
+            ("y", vec![4, 64, 64], y.clone()),
+            ("z", vec![3, 4, 64, 64], z),
+        ],
+    );
+    let profile = dir.join("p.json");
+    let (out, _) = run(&[
+        "calibrate",
+        &m,
+        "--inputs",
+        &npz.display().to_string(),
+        "-o",
+        &profile.display().to_string(),
+    ]);
+    assert!(out.contains("2 collectives measured, 0 not"), "{out}");
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    assert_eq!(p["ops"].as_array().map(Vec::len), Some(2), "{p}");
+
+    // The rewrite with and without the profile: y's prediction follows its
+    // outliers (unrotated, far above the prior; the choice rotates).
+    let report = |extra: &[&str]| -> Vec<Value> {
+        let json = dir.join("r.json");
+        let mut args = vec![
+            "rewrite",
+            m.as_str(),
+            "-o",
+            "/dev/null",
+            "--types",
+            "f32",
+            "--min-payload",
+            "0",
+        ];
+        let j = json.display().to_string();
+        args.extend(["--report-json", j.as_str()]);
+        args.extend(extra);
+        run(&args);
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let plain = report(&[]);
+    let p_path = profile.display().to_string();
+    let steered = report(&["--profile", &p_path]);
+    assert!(plain.iter().all(|r| r["basis"] == "prior"), "{plain:?}");
+    assert!(
+        steered.iter().all(|r| r["basis"] == "profile"),
+        "{steered:?}"
+    );
+    let unrotated = report(&["--profile", &p_path, "--rotation", "none"]);
+    let (with, without) = (
+        unrotated[0]["predicted_rel_rms"].as_f64().unwrap(),
+        plain[0]["predicted_rel_rms"].as_f64().unwrap(),
+    );
+    assert!(
+        with > 2.0 * without,
+        "the outliers show: {with} vs the prior's {without}"
+    );
+
+    // An array that names no collective, a wrong size and a non-npz are
+    // refused with the reason, and no profile is written.
+    let bad = |arrays: &[(&str, Vec<u64>, Vec<f32>)], want: &str| {
+        write_npz(&npz, arrays);
+        let out = dir.join("bad.json");
+        let o = equarx()
+            .args([
+                "calibrate",
+                &m,
+                "--inputs",
+                &npz.display().to_string(),
+                "-o",
+            ])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{want}: {err}");
+        assert!(!out.exists(), "nothing written on {want}");
+    };
+    bad(&[("w", vec![4, 4096], y.clone())], "name no collective");
+    bad(
+        &[("y", vec![4, 100], vec![0.0; 400])],
+        "not a whole number of runs",
+    );
+    let o = equarx()
+        .args(["calibrate", &m, "--inputs", &m, "-o", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not an .npz"));
+}

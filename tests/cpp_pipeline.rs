@@ -284,7 +284,7 @@ fn cases() -> Vec<Case> {
         case(
             "tp_block_after_opt.pb",
             "changed",
-            "min_payload_bytes=0;types=bf16,f32;quant_format=int4;algorithm=ring",
+            "min_payload_bytes=0;types=bf16,f32;quant_format=int4;algorithm=ring;rotation=hadamard",
         ),
         case(
             "sp_mlp/sp_mlp.pb",

@@ -7,6 +7,9 @@ One process compiles one 8-way psum program and says what it got:
     jax_cache.py persistent DIR plain           never imports equarx
     jax_cache.py persistent DIR equarx [K=V..]  equarx.jax.enable(...) first
     jax_cache.py persistent DIR enable-disable  enable() then disable()
+    jax_cache.py persistent DIR with-block      `with enable(): pass`, then compile
+    jax_cache.py persistent DIR with-restores   enable(), then `with enable(other
+                                                options): pass`, then compile
     jax_cache.py in-process                     no persistent cache: one jitted
                                                 function across enable/disable
     jax_cache.py guards DIR                     what equarx does when JAX's
@@ -87,9 +90,17 @@ def persistent(cache_dir, state, extra):
     if state != "plain":
         import equarx.jax as ej
 
-        ej.enable(platforms=("cpu",), **parse_options(extra))
+        if state == "with-block":
+            with ej.enable(platforms=("cpu",), **parse_options(extra)):
+                result["enabled_inside"] = ej.enabled() is not None
+        else:
+            ej.enable(platforms=("cpu",), **parse_options(extra))
         if state == "enable-disable":
             result["disable_returned"] = ej.disable()
+        if state == "with-restores":
+            with ej.enable(platforms=("cpu",), **{**parse_options(extra), "pipeline_depth": 1}):
+                result["options_inside"] = ej.enabled()["options"]
+            result["options_after"] = ej.enabled()["options"]
         result["enabled"] = ej.enabled() is not None
     fn, x = program()
     # Only the program's own compile counts (device_put compiles too).
@@ -130,7 +141,33 @@ def in_process():
     step("pipeline_depth=1")
     ej.disable()
     step("disabled")
-    return {"steps": steps}
+
+    # The context manager takes the same paths: entering is enable(),
+    # leaving restores the previous registration (or none) with its key.
+    keys = {"plain": ej._cache_key_part}
+    with ej.enable(platforms=("cpu",), **BASE_OPTIONS):
+        step("with")
+        keys["with"] = ej._cache_key_part
+        try:
+            with ej.enable(platforms=("cpu",), **{**BASE_OPTIONS, "pipeline_depth": 1}):
+                step("nested with")
+                keys["nested with"] = ej._cache_key_part
+                raise KeyError("raised inside the block")
+        except KeyError:
+            pass
+        step("after nested with")
+        keys["after nested with"] = ej._cache_key_part
+    step("after with")
+    keys["after with"] = ej._cache_key_part
+    return {
+        "steps": steps,
+        "key_parts_equal": {
+            "after nested with = with": keys["after nested with"] == keys["with"],
+            "after with = plain": keys["after with"] == keys["plain"] == "",
+            "nested with != with": keys["nested with"] != keys["with"],
+        },
+        "enabled_after_with": ej.enabled(),
+    }
 
 
 def guards(cache_dir):

@@ -130,6 +130,31 @@ fn a_rewritten_cache_entry_is_not_served_without_equarx() {
         "disabled equarx shares the plain key: {disabled}"
     );
     assert_eq!(disabled["output_sum"], plain["output_sum"]);
+
+    // Leaving `with enable(...)` is disable() when nothing was enabled
+    // before: the plain key, the plain executable.
+    let with_block = compile(&dir, "with-block", &[]);
+    assert_eq!(with_block["enabled_inside"], true, "{with_block}");
+    assert_eq!(with_block["enabled"], false, "{with_block}");
+    assert_eq!(s8(&with_block), 0, "{with_block}");
+    assert!(served_from_cache(&with_block), "{with_block}");
+    assert_eq!(with_block["output_sum"], plain["output_sum"]);
+
+    // Leaving a nested `with enable(other options)` restores the outer
+    // registration and its key exactly: the executable compiled in that
+    // state before is served.
+    let restored = compile(&dir, "with-restores", &[]);
+    assert_eq!(
+        restored["options_inside"]["pipeline_depth"], 1,
+        "{restored}"
+    );
+    assert_eq!(restored["options_after"]["pipeline_depth"], 2, "{restored}");
+    assert!(
+        served_from_cache(&restored),
+        "the restored state has the key it had: {restored}"
+    );
+    assert_eq!(s8(&restored), s8(&equarx), "{restored} vs {equarx}");
+    assert_eq!(restored["output_sum"], equarx["output_sum"]);
 }
 
 #[test]
@@ -170,6 +195,27 @@ fn in_memory_caches_follow_enable_option_changes_and_disable() {
         "disable() drops the rewritten executables: {disabled}"
     );
     assert_eq!(disabled["call_sum"], plain["call_sum"]);
+
+    // `with enable(...)`: the block compiles with equarx, a nested block
+    // with its options, and each exit (an exception included) compiles in
+    // the state from before again, under the same cache key.
+    let (with, nested, after_nested, after) = (
+        by_name("with"),
+        by_name("nested with"),
+        by_name("after nested with"),
+        by_name("after with"),
+    );
+    assert_eq!(s8(with), s8(enabled), "{r}");
+    assert_eq!(with["call_sum"], enabled["call_sum"], "{r}");
+    assert_eq!(s8(nested), s8(depth1), "{r}");
+    assert_eq!(s8(after_nested), s8(enabled), "{r}");
+    assert_eq!(after_nested["call_sum"], enabled["call_sum"], "{r}");
+    assert_eq!(s8(after), 0, "{r}");
+    assert_eq!(after["call_sum"], plain["call_sum"], "{r}");
+    for (what, equal) in r["key_parts_equal"].as_object().expect("key_parts_equal") {
+        assert_eq!(equal, true, "{what}: {r}");
+    }
+    assert_eq!(r["enabled_after_with"], Value::Null, "{r}");
 }
 
 #[test]

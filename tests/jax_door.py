@@ -14,10 +14,12 @@ Prints one line ``JAX_DOOR_RESULT <json>``; the Rust test asserts on it.
 """
 
 import ctypes
+import io
 import json
 import os
 import re
 import sys
+import tempfile
 import time
 
 if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
@@ -107,6 +109,55 @@ def sequence_parallel(mesh):
     }
 
 
+def calibration(mesh, tp_block_args):
+    """equarx.jax.calibrate on the sequence-parallel MLP (shard_map: both
+    collectives measured) and on the GSPMD block (XLA inserts its
+    all-reduces: unmeasured, with the reason); the profile then steers the
+    rewrite, and a profile of another program is not applied."""
+    from jax import shard_map
+
+    rng = np.random.default_rng(3)
+
+    def put(shape, scale, spec):
+        a = jnp.asarray(rng.standard_normal(shape) * scale, jnp.bfloat16)
+        return jax.device_put(a, NamedSharding(mesh, spec))
+
+    x = put((512, 256), 1.0, P("tp", None))
+    w1 = put((256, 1024), 256 ** -0.5, P(None, "tp"))
+    w2 = put((1024, 256), 1024 ** -0.5, P("tp", None))
+    f = shard_map(sp_mlp, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
+                  out_specs=P("tp", None))
+    path = os.path.join(tempfile.mkdtemp(prefix="equarx-calibrate-"), "sp.profile.json")
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0)
+    profile = ej.calibrate(f, x, w1, w2, path=path, types=("bf16", "f32"))
+    still_enabled = ej.enabled() is not None
+    with open(path) as fh:
+        on_disk = json.load(fh)
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0, profile=path)
+    jax.clear_caches()
+    jax.jit(f).lower(x, w1, w2).compile()
+    with_profile = ej.last_report() or []
+    gspmd = ej.calibrate(tp_block, *tp_block_args, types=("bf16", "f32"))
+    # The block's profile on the SP program: nothing in it fits.
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0, profile=gspmd)
+    jax.clear_caches()
+    jax.jit(f).lower(x, w1, w2).compile()
+    misfit = ej.last_report() or []
+    ej.disable()
+    return {
+        "ops": [{"op_name": o["key"]["op_name"], "group_size": o["key"]["group_size"],
+                 "blocks": len(o["stats"]["blocks"])} for o in profile["ops"]],
+        "unmeasured": profile["unmeasured"],
+        "file_matches": on_disk == profile,
+        "still_enabled": still_enabled,
+        "with_profile": [{"opcode": r["opcode"], "rewritten": r["rewritten"], "basis": r["basis"],
+                          "prediction": r["prediction"]} for r in with_profile],
+        "gspmd_ops": len(gspmd["ops"]),
+        "gspmd_unmeasured": [u["reason"] for u in gspmd["unmeasured"]],
+        "misfit": [{"basis": r["basis"], "prediction": r["prediction"]} for r in misfit],
+    }
+
+
 def main():
     devices = jax.devices()
     assert len(devices) == 8, devices
@@ -175,9 +226,19 @@ def main():
 
     # 2b. Every code format through the door, on the same block.
     result["formats"] = {}
+    # int4 under the pass's own choice is declined (its error model says
+    # every int4 plan would break a model); the user may still ask for one.
+    ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0,
+              quant_format="int4")
+    compile_block()
+    result["int4_auto"] = [
+        {"rewritten": r["rewritten"], "reason": r.get("reason", "")}
+        for r in ej.last_report() or []
+    ]
     for fmt in ("int8", "fp8-e4m3", "fp8-e5m2", "int4"):
+        fixed = {"algorithm": "two-shot", "rotation": "hadamard"} if fmt == "int4" else {}
         ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0,
-                  quant_format=fmt)
+                  quant_format=fmt, **fixed)
         compiled, _ = compile_block()
         text = compiled.as_text()
         out = compiled(params, x)
@@ -192,6 +253,22 @@ def main():
                 s.tobytes() == shards[0].tobytes() for s in shards[1:]
             ),
         }
+    # 2c. enable() with no platforms (JAX's default backend) as a context
+    # manager, and the report as the CLI's table: inside the block the
+    # block compiles with equarx; leaving it puts back the int4
+    # registration of the loop above.
+    with ej.enable(types=("bf16", "f32"), min_payload=0) as on:
+        compiled, _ = compile_block()
+        table = io.StringIO()
+        ej.print_report(file=table)
+        result["with_default_backend"] = {
+            "default_backend": jax.default_backend(),
+            "platforms": on.registration["platforms"],
+            "s8_collectives": count_s8_collectives(compiled.as_text()),
+            "report_table": table.getvalue(),
+        }
+    result["with_default_backend"]["restored_options"] = (ej.enabled() or {}).get("options")
+
     # Back to section 2's options, which section 3 expects enabled.
     ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0, pipeline_depth=1)
 
@@ -247,6 +324,9 @@ def main():
     # 8. Sequence parallelism through the door: an all-gather, the MLP, a
     # reduce-scatter, no all-reduce; both collectives quantized.
     result["sequence_parallel"] = sequence_parallel(mesh)
+
+    # 9. Calibration: a profile measured on the program's own inputs.
+    result["calibration"] = calibration(mesh, (params, x))
 
     print("JAX_DOOR_RESULT " + json.dumps(result), flush=True)
 

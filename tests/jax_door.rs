@@ -77,6 +77,35 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
     );
     assert_eq!(e["shards"], 8);
 
+    // enable() with no platforms: JAX's default backend; as a context
+    // manager, restoring what was enabled before; the report as a table.
+    let w = &r["with_default_backend"];
+    assert_eq!(w["default_backend"], "cpu", "{w}");
+    assert_eq!(w["platforms"], serde_json::json!(["cpu"]), "{w}");
+    assert!(w["s8_collectives"].as_u64() >= Some(2), "{w}");
+    let table = w["report_table"].as_str().unwrap_or("");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("collective ") && lines[0].ends_with(" reason"),
+        "{table}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains(" rewritten ")).count(),
+        2,
+        "{table}"
+    );
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with("2 of 2 collectives rewritten"),
+        "{table}"
+    );
+    assert_eq!(
+        w["restored_options"]["quant_format"], "int4",
+        "leaving the block restores the registration before it: {w}"
+    );
+
     let bad = &r["bad_options"];
     assert_eq!(
         bad["type"], "EquarxError",
@@ -120,6 +149,16 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
     // with the pass's default options.
     // Every code format through the door: rewritten, bit-identical, and
     // erring in the order of their precision.
+    let auto4 = r["int4_auto"].as_array().expect("int4_auto");
+    assert!(!auto4.is_empty(), "{}", r["int4_auto"]);
+    for op in auto4 {
+        assert_eq!(op["rewritten"], false, "int4 under auto: {op}");
+        let reason = op["reason"].as_str().unwrap_or("");
+        assert!(
+            reason.starts_with("declined") && reason.contains("keeps a model"),
+            "int4 under auto is declined as breaking the model: {op}"
+        );
+    }
     let formats = &r["formats"];
     let mut last = 0.0;
     for fmt in ["int8", "fp8-e4m3", "fp8-e5m2", "int4"] {
@@ -131,6 +170,48 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         let err = f["rel_rms"].as_f64().expect("rel_rms");
         assert!(err > last && err < 0.5, "{fmt}: error {err} after {last}");
         last = err;
+    }
+
+    // Calibration: the SP MLP's two collectives measured, its profile
+    // steering the rewrite; the GSPMD block's all-reduces (inserted by
+    // XLA) left unmeasured with the reason, and that profile not applied
+    // to another program.
+    let cal = &r["calibration"];
+    let ops = cal["ops"].as_array().expect("ops");
+    assert_eq!(ops.len(), 2, "{cal}");
+    assert!(ops.iter().all(|o| o["group_size"] == 8), "{cal}");
+    assert_eq!(cal["unmeasured"], serde_json::json!([]), "{cal}");
+    assert_eq!(cal["file_matches"], true, "{cal}");
+    assert_eq!(
+        cal["still_enabled"], true,
+        "calibrate restores the registration: {cal}"
+    );
+    let steered = cal["with_profile"].as_array().expect("with_profile");
+    assert_eq!(steered.len(), 2, "{cal}");
+    for op in steered {
+        assert_eq!(op["rewritten"], true, "{op}");
+        assert_eq!(op["basis"], "profile", "{op}");
+        assert!(
+            op["prediction"].as_str().unwrap_or("").contains("κ²"),
+            "the statistic is named: {op}"
+        );
+    }
+    assert_eq!(cal["gspmd_ops"], 0, "{cal}");
+    let why = cal["gspmd_unmeasured"]
+        .as_array()
+        .expect("gspmd_unmeasured");
+    assert_eq!(why.len(), 2, "{cal}");
+    assert!(
+        why.iter()
+            .all(|w| w.as_str().unwrap_or("").contains("inserted by XLA")),
+        "{cal}"
+    );
+    for op in cal["misfit"].as_array().expect("misfit") {
+        assert_eq!(op["basis"], "prior-unmatched", "{op}");
+        assert!(
+            op["prediction"].as_str().unwrap_or("").contains("no op"),
+            "{op}"
+        );
     }
 
     let huge = &r["huge_activations"];

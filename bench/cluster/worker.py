@@ -34,6 +34,11 @@ baseline, also the unquantized reference):
 - allgather: ``all-gather`` (``lax.all_gather`` of bf16, tiled, as is) and
   ``all-gather-u16`` (the same of the bf16 bit-cast to u16).
 
+The ``gemma`` workload is the real model of bench/model (Gemma 3 270M,
+its dequantized Q4_K_M weights) prefilling Lee-corpus tokens, Megatron
+tensor-parallel over the processes, with the all-reduce baselines above as
+its 36 reductions (``gemma_workload``).
+
 The wire types of every compiled program are read from its optimized HLO.
 """
 
@@ -60,7 +65,12 @@ BASELINES = {
     "reducescatter": ("psum-scatter", "ring-u16"),
     "allgather": ("all-gather", "all-gather-u16"),
     "prefill": ("psum", "psum-f16", "ring-u16"),
+    "gemma": ("psum", "psum-f16", "ring-u16"),
 }
+
+#: The gemma workload's shape: batch (windows of the Lee corpus) x seq
+#: (tokens each, BOS first), skip (windows' worth of text left out first).
+GEMMA_DEFAULT = "batch=4,seq=512,skip=0"
 
 
 def parse_args(argv=None):
@@ -79,6 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--reducescatter-configs", default="auto", help="for the reduce-scatter workload")
     p.add_argument("--allgather-configs", default="auto", help="for the all-gather workload")
     p.add_argument("--prefill-configs", default="b64-d2", help="equarx configurations for prefill")
+    p.add_argument("--gemma-configs", default="auto", help="equarx configurations for gemma")
     p.add_argument("--rates", default="", help="link rates, one phase each ('' = leave the link as is)")
     p.add_argument("--iface", default="", help="this process's link, for tc counters ('' = none)")
     p.add_argument("--switch-netns", default="", help="namespace of the bridge (for shaping ingress)")
@@ -86,6 +97,8 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--prefill", default="layers=4,batch=16,seq=256,width=256,heads=8,mlp=1024")
+    p.add_argument("--gemma", default=GEMMA_DEFAULT, help="Gemma 3 270M prefill: batch (windows) "
+                   "x seq (tokens each, BOS first) of the Lee corpus, skip (windows of text)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--barrier-timeout", type=float, default=300.0, help="seconds")
     p.add_argument("--dump-hlo", default="", help="directory for optimized HLO text (rank 0)")
@@ -212,14 +225,15 @@ def build(args):
         return jax.make_array_from_single_device_arrays(
             shape, NamedSharding(mesh, spec_rows), [buf])
 
-    # ---- all-reduce implementations (inside shard_map, axis "x")
-    def ar_psum(v):
-        return lax.psum(v, "x")
+    # ---- all-reduce implementations (inside shard_map over mesh axis
+    # ``axis``: "x" here, the model harness's "tp" for the gemma workload)
+    def ar_psum(v, axis="x"):
+        return lax.psum(v, axis)
 
-    def ar_psum_f16(v):
-        return lax.psum(v.astype(jnp.float16), "x").astype(v.dtype)
+    def ar_psum_f16(v, axis="x"):
+        return lax.psum(v.astype(jnp.float16), axis).astype(v.dtype)
 
-    def ring_reduce_scatter_u16(v):
+    def ring_reduce_scatter_u16(v, axis="x"):
         """bf16 ring reduce-scatter with 2 bytes per element on the wire:
         P-1 collective-permutes of u16 bits, each hop summed in f32 and
         rounded to bf16. Rank r ends with the sum of chunk r (padded to
@@ -228,7 +242,7 @@ def build(args):
         n = flat.shape[0]
         c = -(-n // nproc)
         chunks = jnp.pad(flat, (0, c * nproc - n)).reshape(nproc, c)
-        r = lax.axis_index("x")
+        r = lax.axis_index(axis)
         succ = [(i, (i + 1) % nproc) for i in range(nproc)]
 
         def chunk(k):
@@ -237,16 +251,16 @@ def build(args):
         part = chunk(r - 1).astype(jnp.bfloat16)
         for s in range(nproc - 1):
             wire = lax.bitcast_convert_type(part, jnp.uint16)
-            got = lax.bitcast_convert_type(lax.ppermute(wire, "x", succ), jnp.bfloat16)
+            got = lax.bitcast_convert_type(lax.ppermute(wire, axis, succ), jnp.bfloat16)
             part = (got.astype(jnp.float32) + chunk(r - 2 - s).astype(jnp.float32)).astype(jnp.bfloat16)
         return part
 
-    def ar_ring_u16(v):
+    def ar_ring_u16(v, axis="x"):
         """bf16 ring all-reduce with 2 bytes per element on the wire."""
         shape, dtype = v.shape, v.dtype
         n = v.size
-        owned = lax.bitcast_convert_type(ring_reduce_scatter_u16(v), jnp.uint16)
-        full = lax.bitcast_convert_type(lax.all_gather(owned, "x", tiled=True), jnp.bfloat16)
+        owned = lax.bitcast_convert_type(ring_reduce_scatter_u16(v, axis), jnp.uint16)
+        full = lax.bitcast_convert_type(lax.all_gather(owned, axis, tiled=True), jnp.bfloat16)
         return full[:n].reshape(shape).astype(dtype)
 
     def rs_psum_scatter(v):
@@ -264,7 +278,7 @@ def build(args):
         return lax.bitcast_convert_type(lax.all_gather(wire, "x", tiled=True), v.dtype)
 
     allreduce_impls = {"psum": ar_psum, "psum-f16": ar_psum_f16, "ring-u16": ar_ring_u16}
-    impls = {"allreduce": allreduce_impls, "prefill": allreduce_impls,
+    impls = {"allreduce": allreduce_impls, "prefill": allreduce_impls, "gemma": allreduce_impls,
              "reducescatter": {"psum-scatter": rs_psum_scatter, "ring-u16": rs_ring_u16},
              "allgather": {"all-gather": ag_all_gather, "all-gather-u16": ag_all_gather_u16}}
     assert all(tuple(impls[w]) == BASELINES[w] for w in BASELINES)
@@ -357,10 +371,101 @@ def build(args):
                           "bytes": 2 * L * B * S * D * 2, "make": make,
                           "args": (params, x_in), "exact": None})
 
+    # ---- (c) Gemma 3 270M prefill, Megatron TP over the processes (T = P)
+    if "gemma" in args.workloads.split(","):
+        workloads.append(gemma_workload(args, devices, local))
+
     for wl in workloads:
         wl["impls"] = impls[wl["workload"]]
         wl["plain"] = BASELINES[wl["workload"]][0]
     return np, workloads
+
+
+def gemma_options(text: str) -> dict:
+    """``batch=4,seq=512,skip=0`` → ints: windows of the Lee corpus
+    (``seq`` tokens each, BOS first), the first ``skip`` windows' worth of
+    text skipped."""
+    opts = {k: int(v) for k, v in (kv.split("=") for kv in GEMMA_DEFAULT.split(","))}
+    for kv in (t for t in text.split(",") if t):
+        k, _, v = kv.partition("=")
+        if k not in opts or not v.isdigit():
+            raise SystemExit(f"--gemma wants {GEMMA_DEFAULT!r}-style NAME=INT items, got {kv!r}")
+        opts[k] = int(v)
+    return opts
+
+
+def gemma_workload(args, devices, local) -> dict:
+    """The real model: Gemma 3 270M (bench/model: the dequantized Q4_K_M
+    weights, memory-mapped from target/model-cache) prefilling B windows
+    of S Lee-corpus tokens, Megatron tensor-parallel over the P processes
+    (T = P; q, gate, up column-parallel, o, down row-parallel: 36
+    all-reduces of B x S x 640 bf16), params and activations in bf16 as
+    the model harness runs them. Each process places only its own shard of
+    every TP-sharded parameter; the replicated ones and the tokens are the
+    same on every rank. The output is the final hidden states [B, S, 640],
+    replicated; ``exact`` is the f32 forward on one device (rank 0's own,
+    from the same tokens)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+    from equarx_model import artifacts, evaluate, gemma, tokenizer, weights
+
+    nproc, rank = jax.process_count(), jax.process_index()
+    opts = gemma_options(args.gemma)
+    B, S = opts["batch"], opts["seq"]
+    cfg, w, _ = weights.load()  # memory-mapped f32 .npy
+    for what, n in (("query heads", cfg.heads), ("FFN width", cfg.ffn)):
+        if n % nproc:
+            raise SystemExit(f"gemma: T = {nproc} processes does not divide the {what} ({n})")
+    ids = tokenizer.load().encode(artifacts.lee_corpus(), bos=False)
+    tokens = evaluate.windows(ids, S, B, cfg.bos, opts["skip"])
+    mesh = Mesh(np.asarray(devices), (gemma.AXIS,))
+
+    p32 = gemma.model_params(cfg, w)  # the harness's layouts, f32
+    specs = gemma.param_specs(p32)
+
+    def own_shard(a, spec):
+        """This rank's block of ``a`` along the dimension ``spec`` shards."""
+        for dim, name in enumerate(spec):
+            if name == gemma.AXIS:
+                n = a.shape[dim] // nproc
+                a = a[(slice(None),) * dim + (slice(rank * n, (rank + 1) * n),)]
+        return a
+
+    def global_param(a, spec, full):
+        return jax.make_array_from_single_device_arrays(
+            full.shape, NamedSharding(mesh, spec), [jax.device_put(np.ascontiguousarray(a), local)])
+
+    local16 = gemma.cast_params(jax.tree.map(own_shard, p32, specs), jnp.bfloat16)
+    params = jax.tree.map(global_param, local16, specs, p32)
+    del local16, p32
+    toks = jax.make_array_from_single_device_arrays(
+        tokens.shape, NamedSharding(mesh, P()), [jax.device_put(tokens, local)])
+
+    def make(impl):
+        reduce = functools.partial(impl, axis=gemma.AXIS)
+
+        def body(p, t):
+            return gemma.forward(p, t, cfg, reduce=reduce)
+
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P()), out_specs=P(),
+                                     check_vma=False))
+
+    def exact():
+        """The f32 forward on this process's device alone (the harness's
+        reference): what the bf16 TP programs approximate."""
+        ref32 = jax.device_put(gemma.model_params(cfg, w), local)
+        out = gemma.single_device(cfg)(ref32, jax.device_put(tokens, local))
+        return np.asarray(out).astype(np.float64)
+
+    return {"workload": "gemma", "size": f"gemma3-270m b{B} s{S}",
+            "bytes": 2 * cfg.layers * B * S * cfg.width * 2, "make": make,
+            "args": (params, toks), "exact": exact}
 
 
 def report_summary(op: dict) -> dict:
@@ -492,7 +597,8 @@ def main(argv=None):
             raise SystemExit(f"unknown baselines {unknown}: each workload has its own {BASELINES}")
         variants = [(b, None) for b in baselines]
         configs = {"allreduce": args.configs, "reducescatter": args.reducescatter_configs,
-                   "allgather": args.allgather_configs, "prefill": args.prefill_configs}
+                   "allgather": args.allgather_configs, "prefill": args.prefill_configs,
+                   "gemma": args.gemma_configs}
         configs = {k: [c for c in v.split(",") if c] for k, v in configs.items()}
         for wl in workloads:
             wl["variants"] = ([b for b in baselines if b in wl["impls"]]

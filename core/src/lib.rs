@@ -5,6 +5,7 @@
 //! rewrite it, with [`verify`] after each → [`io`] / [`text`] write it out.
 //! The front doors (CLI, C ABI, cxx bridge, Python) all call [`rewrite`].
 
+pub mod calibrate;
 pub mod choice;
 pub mod cost;
 pub mod ffi;

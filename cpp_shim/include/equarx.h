@@ -74,8 +74,14 @@
  *       times slower.
  *   max_error  PCT (default: none):
  *       An error budget: the fastest configuration whose predicted relative
- *       RMS error (Gaussian data, percent) is at most this; an op with none
- *       is skipped with the reason.
+ *       RMS error (percent per op, on the op's data as far as it is known: a
+ *       profile, or the prior) is at most this; an op with none is skipped
+ *       with the reason.
+ *   profile  FILE (default: none):
+ *       A calibration profile (equarx.jax.calibrate, or equarx calibrate on
+ *       saved inputs), as a file or its JSON: the error model predicts each
+ *       op it holds from that op's measured inputs, and the others from the
+ *       prior; the report says which.
  *   replica_count  N (default: from the module):
  *       Replicas the module runs with; overrides what the module says.
  *   num_partitions  N (default: from the module):
@@ -149,7 +155,37 @@ void equarx_free_result(equarx_result* result);
  * receives a message to free with equarx_free_string. */
 equarx_status equarx_check_options(const char* options_json, char** error);
 
-/* Frees a string returned through a `char** error` argument. NULL is fine. */
+/* The error model's statistics of one collective's inputs, for a
+ * calibration profile: `inputs` holds `devices` rows of `elements` floats
+ * (device d's payload in row d, in rank order); `moved` is nonzero for a
+ * collective that moves its inputs (all-gather, all-to-all) rather than
+ * summing them; `source` (may be NULL) names where they came from. On
+ * success *stats_json receives the statistics as JSON (free it with
+ * equarx_free_string); on failure *error (if error != NULL) a message. */
+equarx_status equarx_op_stats(const float* inputs, size_t devices, size_t elements,
+                              int moved, const char* source, char** stats_json,
+                              char** error);
+
+/* The module's collectives as calibration sees them: on success
+ * *sites_json receives a JSON array, one object per collective the pass
+ * looks at (its profile key, instruction and computation names, whether it
+ * is in the entry computation, the collective, "summed" or "moved" inputs,
+ * elements per device, and its groups: {"Ok": {space, ids, groups}} or
+ * {"Err": reason}). Counts in options_json (or NULL) override the
+ * module's. */
+equarx_status equarx_sites(const uint8_t* module, size_t len, const char* options_json,
+                           char** sites_json, char** error);
+
+/* The calibration profile of what a run measured: measurements_json is
+ * {"source": ..., "ops": [{"key": <a site's key>, "stats": [<equarx_op_stats
+ * output per group and run>...], "nonfinite_fraction": f}], "unmeasured":
+ * [{"key": ..., "reason": ...}]}; *profile_json receives the profile (each
+ * op's statistics averaged), the JSON the `profile` option reads. */
+equarx_status equarx_profile(const char* measurements_json, char** profile_json,
+                             char** error);
+
+/* Frees a string returned through a `char** error`, `char** stats_json`,
+ * `char** sites_json` or `char** profile_json` argument. NULL is fine. */
 void equarx_free_string(char* s);
 
 /* ---- Experimental: the PJRT XLA-transform extension --------------------

@@ -2,10 +2,13 @@
 
 The shared library is found, in order, at:
 
-1. ``$EQUARX_LIB`` (a path to ``libequarx.so``);
-2. ``libequarx.so`` next to this package;
+1. ``$EQUARX_LIB`` (a path to ``libequarx.so``): when set it wins, and a
+   path that is no file is an error rather than a fallback;
+2. ``libequarx.so`` next to this package: the one an installed package
+   (``pip install .``, the wheel) carries;
 3. ``<repo>/target/release/libequarx.so``, ``<repo>/target/debug/libequarx.so``
-   (and the same under ``$CARGO_TARGET_DIR``), for a source checkout.
+   (and the same under ``$CARGO_TARGET_DIR``), for a source checkout on
+   ``PYTHONPATH=python``.
 
 Calls release the GIL (ctypes does so for ``CDLL`` functions), so XLA may
 compile modules on several threads while equarx rewrites one.
@@ -87,7 +90,11 @@ def _candidates() -> list[pathlib.Path]:
 
 
 def library_path() -> pathlib.Path:
-    """The ``libequarx.so`` this process uses (or would use)."""
+    """The ``libequarx.so`` this process uses: once loaded (by the first
+    call into it), that one; before, the one it would load, in the order
+    above."""
+    if _lib is not None:
+        return pathlib.Path(_lib._name)
     env = os.environ.get("EQUARX_LIB")
     if env:
         p = pathlib.Path(env)
@@ -99,7 +106,8 @@ def library_path() -> pathlib.Path:
             return p
     tried = ", ".join(str(p) for p in _candidates())
     raise EquarxError(
-        "cannot find libequarx.so: build it with `cargo build --release --lib` "
+        "cannot find libequarx.so: install the package (`pip install .` in a "
+        "checkout), build it with `cargo build --release --lib`, "
         f"or set EQUARX_LIB to its path (looked at {tried})"
     )
 
@@ -126,6 +134,30 @@ def _load():
             getattr(lib, fn).argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
         lib.equarx_free_string.restype = None
         lib.equarx_free_string.argtypes = [ctypes.c_void_p]
+        lib.equarx_op_stats.restype = ctypes.c_int
+        lib.equarx_op_stats.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
+        lib.equarx_sites.restype = ctypes.c_int
+        lib.equarx_sites.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
+        lib.equarx_profile.restype = ctypes.c_int
+        lib.equarx_profile.argtypes = [
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
         lib.equarx_pjrt_register.restype = ctypes.c_int
         lib.equarx_pjrt_register.argtypes = [
             ctypes.c_void_p,
@@ -205,4 +237,55 @@ def pjrt_register(
         name.encode(),
         stage,
         options_json(options),
+    )
+
+
+def _json_out(fn, *args) -> Any:
+    """Calls a C function whose last two arguments are ``char** out`` (JSON)
+    and ``char** error``; returns the parsed JSON."""
+    lib = _load()
+    out = ctypes.c_void_p()
+    _string_call(fn, *args, ctypes.byref(out))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        lib.equarx_free_string(out)
+
+
+def sites(module: bytes, options: Mapping[str, Any] | str | None = None) -> list[dict[str, Any]]:
+    """The module's collectives as calibration sees them (the C ABI's
+    ``equarx_sites``): per collective its profile ``key``, ``instruction``,
+    ``computation``, ``in_entry``, ``collective``, ``inputs`` ("summed" or
+    "moved"), ``elements`` per device and ``groups``."""
+    data = bytes(module)
+    return _json_out(_load().equarx_sites, data, len(data), options_json(options))
+
+
+def profile(measurements: Mapping[str, Any]) -> dict[str, Any]:
+    """The calibration profile of ``measurements`` (the C ABI's
+    ``equarx_profile``): ``{"source", "ops": [{"key", "stats": [...],
+    "nonfinite_fraction"}], "unmeasured": [{"key", "reason"}]}``, each op's
+    statistics averaged, as the ``profile`` option reads it."""
+    return _json_out(_load().equarx_profile, json.dumps(measurements).encode())
+
+
+def op_stats(inputs: Any, moved: bool = False, source: str = "") -> dict[str, Any]:
+    """The error model's statistics of one collective's inputs (the C ABI's
+    ``equarx_op_stats``): ``inputs`` is a 2-D array, device d's payload in
+    row d (rank order, flattened as the collective's operand). ``moved`` for
+    a collective that moves its inputs (all-gather, all-to-all) instead of
+    summing them. Returns the statistics as a dict (block sizes, rotations,
+    partial sums' block absmax² and mean square over the sum's)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(np.asarray(inputs, dtype=np.float32))
+    if a.ndim != 2:
+        raise ValueError(f"inputs must be [devices, elements], got shape {a.shape}")
+    return _json_out(
+        _load().equarx_op_stats,
+        a.ctypes.data,
+        a.shape[0],
+        a.shape[1],
+        1 if moved else 0,
+        source.encode(),
     )

@@ -1,14 +1,34 @@
 """Register equarx with JAX's compiler in one call.
 
-    import equarx.jax
-    equarx.jax.enable(platforms=("tpu",))          # TPU keeps bf16 all-reduces
-    equarx.jax.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0)
+A tensor-parallel matmul whose partial sums are all-reduced, on 8 CPU
+devices (run with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+
+    import jax, jax.numpy as jnp, equarx.jax
+    P, mesh = jax.P, jax.sharding.Mesh(jax.devices(), ("x",))
+    f = jax.jit(jax.shard_map(lambda a, w: jax.lax.psum(a @ w, "x"), mesh=mesh,
+                              in_specs=(P(None, "x"), P("x")), out_specs=P()))
+    with equarx.jax.enable(types=("bf16", "f32"), min_payload=0):
+        f(jnp.ones((64, 1024), jnp.bfloat16), jnp.ones((1024, 256), jnp.bfloat16))
+        equarx.jax.print_report()      # the all-reduce: rewritten, its plan, bytes, error
+
+:func:`enable` with no arguments registers equarx for JAX's default
+backend (``jax.default_backend()``) with equarx's default options; name
+platforms to choose (``enable(platforms=("tpu",))``). Called plainly it
+stays registered until :func:`disable`; used in a ``with`` statement it is
+undone at the block's end, exceptions included, back to whatever was
+registered before (another ``enable``'s registration, or none). XLA:CPU
+promotes bf16 all-reduces to f32 before equarx's stage, hence
+``types=("bf16", "f32")`` there; TPU keeps bf16. ``min_payload=0`` rewrites
+every eligible op, where by default the time model (``topology``, v5e)
+skips those too small to pay.
 
 :func:`enable` registers a callback with
 ``jax.extend.xla.register_hlo_module_transformation`` at the pre-scheduler
 stage: every module XLA compiles for those platforms from then on passes
 through equarx. On CPU the callback runs in-process; on TPU/GPU JAX
-registers it through the PJRT XLA-transform extension.
+registers it through the PJRT XLA-transform extension. The library is the
+one :func:`equarx.library_path` names: ``$EQUARX_LIB`` when set, else the
+one installed with this package.
 
 Compilation caches. JAX keeps compiled executables in memory and, with
 ``jax_compilation_cache_dir`` set, on disk, keyed by the program and
@@ -39,7 +59,8 @@ need ``types=("bf16", "f32")``; TPU keeps bf16.
 
 An error inside the pass fails the compilation: JAX raises its compile error
 with equarx's message in it. :func:`last_report` tells what the last rewrite
-did to every all-reduce.
+did to every collective, :func:`print_report` prints that as the CLI's
+``--report`` table.
 
 Experimental: :func:`register_native` registers equarx's C callback with a
 PJRT plugin's XLA-transform extension directly, with no Python callback (a
@@ -54,11 +75,14 @@ import ctypes
 import hashlib
 import json
 import os
+import sys
 import threading
-from typing import Any, Iterable, Sequence
+from types import TracebackType
+from typing import Any, Iterable, Mapping, Sequence, TextIO
 
 from equarx import _native
 from equarx._native import EquarxError
+from equarx.report import format_report
 
 #: The pass's name in XLA's pipeline (and the registration's).
 PASS_NAME = "equarx-quantize-collectives"
@@ -157,6 +181,7 @@ def _state_changed() -> None:
                 "stage": _registered["stage"].name,
                 "platforms": _registered["platforms"],
                 "options": _registered["options"],
+                "profile": _registered.get("profile_sha256"),
             }
         if _native_registrations:
             state["native"] = list(_native_registrations)
@@ -222,6 +247,8 @@ def options(**pass_options: Any) -> dict[str, Any]:
 
 
 def _json_value(v: Any) -> Any:
+    if isinstance(v, dict) and v.get("version") is not None and "ops" in v:
+        return json.dumps(v)  # a calibration profile itself: the option's JSON form
     if isinstance(v, (str, bytes, bool, int, float, dict)):
         return v
     if isinstance(v, Iterable):
@@ -242,49 +269,141 @@ def _callback(options_json: bytes):
     return equarx_transform
 
 
+class Enabled:
+    """What :func:`enable` returns: its registration and, as a context
+    manager, the way back.
+
+    Leaving the ``with`` block, normally or by an exception (which goes on),
+    puts back what was registered before the :func:`enable` call: that
+    registration, through the same path :func:`enable` takes, or none,
+    through :func:`disable`. Either way JAX's cache key and in-memory caches
+    follow, as for any state change (see the module's docs). Whatever
+    happened inside the block, the state after it is the state before it.
+
+    Example::
+
+        import equarx.jax
+        with equarx.jax.enable(min_payload=0) as on:
+            print(on.registration["platforms"])   # e.g. ['cpu']
+        assert equarx.jax.enabled() is None       # if nothing was enabled before
+    """
+
+    def __init__(self, previous: dict[str, Any] | None, registration: dict[str, Any]):
+        self._previous = previous
+        #: What :func:`enabled` said right after the :func:`enable` call.
+        self.registration = registration
+
+    def __enter__(self) -> "Enabled":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._previous is None:
+            disable()
+        else:
+            _activate(self._previous)
+
+    def __repr__(self) -> str:
+        return f"<equarx.jax.Enabled {self.registration!r}>"
+
+
 def enable(
-    platforms: Sequence[str] | str = ("cpu",),
+    platforms: Sequence[str] | str | None = None,
     *,
     name: str = PASS_NAME,
     stage: Any = "pre_scheduler",
     **pass_options: Any,
-) -> None:
-    """Registers equarx with JAX for ``platforms``.
+) -> Enabled:
+    """Registers equarx with JAX for ``platforms``; by default JAX's
+    default backend (``jax.default_backend()``: ``"cpu"``, ``"gpu"``,
+    ``"tpu"``...).
 
     ``pass_options`` are equarx's options, as for :func:`options`. At the
     pre-scheduler stage XLA has fused the module, so ``fuse="auto"`` (the
     default) outlines equarx's ops into loop fusions of their own. They are
     checked now: invalid ones raise :class:`equarx.EquarxError` with
-    equarx's message.
+    equarx's message, and what was registered stays.
     Enabling again replaces the previous registration.
+
+    Returns an :class:`Enabled`: ignore it to stay enabled until
+    :func:`disable`, or use it in a ``with`` statement to enable equarx for
+    a block only::
+
+        with equarx.jax.enable(types=("bf16", "f32"), min_payload=0):
+            y = jax.jit(f)(x)              # compiled with equarx
+        z = jax.jit(f)(x)                  # compiled as before the block
 
     The registration enters JAX's compilation-cache key and JAX's in-memory
     caches are cleared (see the module's docs): functions jitted before
     compile again, with equarx.
     """
-    global _registered
-    from jax.extend import xla as jxla
+    import jax
 
     opts = options(**pass_options)
     _native.check_options(opts)
+    if platforms is None:
+        platforms = [jax.default_backend()]
     platforms = [platforms] if isinstance(platforms, str) else list(platforms)
     pipeline_stage = _stage(stage)
     _install_cache_key_hook()
     library = _library_identity()
-    _unregister()
-    options_json = _native.options_json(opts)
-    jxla.register_hlo_module_transformation(
-        _callback(options_json), name=name, stage=pipeline_stage, platforms=platforms
-    )
+    # A profile file is read once, here: what the key holds is what every
+    # compile uses, even if the file is rewritten later.
+    profile_text = _profile_text(opts.get("profile"))
     with _lock:
-        _registered = {
+        previous = None if _registered is None else dict(_registered)
+    _activate(
+        {
             "name": name,
             "stage": pipeline_stage,
             "platforms": platforms,
             "options": opts,
             "library": library,
+            "profile_text": profile_text,
+            "profile_sha256": (hashlib.sha256(profile_text.encode()).hexdigest()
+                               if profile_text is not None else None),
         }
+    )
+    return Enabled(previous, enabled() or {})
+
+
+def _activate(registration: dict[str, Any]) -> None:
+    """Makes ``registration`` (what :func:`enable` builds) the one
+    registered: the old one is cleared from JAX, this one registered, and
+    the state change recorded (cache key, in-memory caches)."""
+    global _registered
+    from jax.extend import xla as jxla
+
+    _unregister()
+    given = registration["options"]
+    if registration.get("profile_text") is not None:
+        given = dict(given, profile=registration["profile_text"])
+    options_json = _native.options_json(given)
+    jxla.register_hlo_module_transformation(
+        _callback(options_json),
+        name=registration["name"],
+        stage=registration["stage"],
+        platforms=registration["platforms"],
+    )
+    with _lock:
+        _registered = dict(registration)
     _state_changed()
+
+
+def _profile_text(profile: Any) -> str | None:
+    """The JSON of a ``profile`` option given as a file's path (``None``
+    for none, or for a profile given as JSON)."""
+    if not isinstance(profile, str) or profile.lstrip().startswith("{"):
+        return None
+    try:
+        with open(profile, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise EquarxError(f"invalid options: profile: cannot read {profile}: {e}") from None
 
 
 def _unregister() -> bool:
@@ -316,16 +435,38 @@ def enabled() -> dict[str, Any] | None:
     with _lock:
         if _registered is None:
             return None
-        return {k: v for k, v in _registered.items() if k != "library"}
+        return {k: v for k, v in _registered.items() if k not in ("library", "profile_text", "profile_sha256")}
 
 
 def last_report() -> list[dict[str, Any]] | None:
-    """The report of the last module with all-reduces that equarx saw in
+    """The report of the last module with collectives that equarx saw in
     this process (modules without any, which JAX compiles plenty of, leave
-    it alone): one dict per all-reduce (name, rewritten, reason, group_size,
-    mode, wire_bytes_before, wire_bytes_after, predicted_rel_rms, ...)."""
+    it alone): one dict per collective (name, opcode, shape, rewritten,
+    reason, group_size, mode, wire_bytes_before, wire_bytes_after,
+    predicted_rel_rms, predicted_time, plan, ...); ``None`` before any."""
     with _lock:
         return None if _last_report is None else list(_last_report)
+
+
+def print_report(
+    report: Iterable[Mapping[str, Any]] | None = None, file: TextIO | None = None
+) -> None:
+    """Prints ``report`` (default: :func:`last_report`) as the CLI's
+    ``--report`` table (:func:`equarx.format_report`; the columns are
+    explained in :mod:`equarx.report`) to ``file`` (default: stdout)::
+
+        collective       op         shape       P mode          plan              decision  wire before wire after ratio rel.err model reason
+        psum_invariant.8 all-reduce f32[64,256] 8 flattened ids two-shot+hadamard rewritten      114688      29568 3.879   0.85% 0.97x
+        1 of 1 collectives rewritten, the module taken to be fused (option stage); model: ...
+
+    (the module docstring's example, on 8 CPU devices)
+    """
+    if report is None:
+        report = last_report()
+        if report is None:
+            print("equarx has rewritten no module in this process yet", file=file or sys.stdout)
+            return
+    print(format_report(report), end="", file=file or sys.stdout)
 
 
 def _capsule_pointer(obj: Any) -> int:
@@ -374,13 +515,18 @@ def register_native(
     _state_changed()
 
 
+from equarx.calibration import calibrate  # noqa: E402  (it imports this module lazily)
+
 __all__ = [
+    "Enabled",
     "EquarxError",
     "PASS_NAME",
+    "calibrate",
     "disable",
     "enable",
     "enabled",
     "last_report",
     "options",
+    "print_report",
     "register_native",
 ]

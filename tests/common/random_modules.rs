@@ -323,7 +323,15 @@ impl Case {
             bytes: payload,
             mantissa_bits: mantissa,
         };
-        let plan = choose_plan(p, &payload_of, true, &self.options).ok()?.plan;
+        let plan = choose_plan(
+            p,
+            &payload_of,
+            true,
+            equarx::numerics::error::Data::Prior,
+            &self.options,
+        )
+        .ok()?
+        .plan;
         (plan.wire_bytes() < ring_wire_bytes(p, payload)).then_some(plan)
     }
 

@@ -64,6 +64,10 @@ pub struct Topology {
     pub source: &'static str,
 }
 
+/// The most chips a named slice may have: beyond any machine built, small
+/// enough that products of its dimensions cannot overflow.
+pub const MAX_SLICE_CHIPS: u64 = 1 << 20;
+
 /// The topologies `--topology` knows: `v5e`, `v6e`, `v5p`, `h100`, `h200`,
 /// optionally with a slice shape (`v5e:4x4`; a TPU slice wraps around only
 /// when it spans a whole torus dimension).
@@ -85,6 +89,19 @@ impl Topology {
                 .collect::<Result<_, _>>()?,
             None => vec![],
         };
+        if let Some(s) = shape {
+            if dims.contains(&0) {
+                return Err(format!("slice shape {s:?} has a dimension of 0"));
+            }
+            let chips = dims
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(u64::from(d)));
+            if chips.is_none_or(|n| n > MAX_SLICE_CHIPS) {
+                return Err(format!(
+                    "slice shape {s:?} has more than {MAX_SLICE_CHIPS} chips"
+                ));
+            }
+        }
         // Full-torus dimension sizes: a slice dimension this long wraps.
         let (mut t, torus_dim) = match name {
             "v5e" => (tpu("v5e", 400.0, 4, 819.0, CLOUD_TPU_V5E), 16),

@@ -266,6 +266,139 @@ pub unsafe extern "C" fn equarx_check_options(
     unsafe { status_into(run, error) }
 }
 
+/// `equarx_status equarx_op_stats(const float* inputs, size_t devices,
+/// size_t elements, int moved, const char* source, char** stats_json,
+/// char** error)`: the error model's statistics of one collective's inputs
+/// (`numerics::profile::op_stats`): `inputs` holds `devices` rows of
+/// `elements` values, device d's payload in row d (rank order); `moved` is
+/// nonzero for a collective that moves its inputs (all-gather, all-to-all)
+/// rather than summing them. `*stats_json` gets the statistics as JSON
+/// (free with `equarx_free_string`). Calibration (`equarx.jax.calibrate`)
+/// calls it per op, so the statistics have one definition.
+///
+/// # Safety
+/// `inputs` points to `devices · elements` floats; `source` is null or
+/// NUL-terminated; `stats_json` and `error` are null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn equarx_op_stats(
+    inputs: *const f32,
+    devices: usize,
+    elements: usize,
+    moved: c_int,
+    source: *const c_char,
+    stats_json: *mut *mut c_char,
+    error: *mut *mut c_char,
+) -> c_int {
+    if !stats_json.is_null() {
+        // SAFETY: per the contract.
+        unsafe { stats_json.write(std::ptr::null_mut()) };
+    }
+    let run = guarded(|| {
+        if inputs.is_null() || stats_json.is_null() {
+            return Err(DoorError::Argument("inputs or stats_json is null".into()));
+        }
+        let total = devices
+            .checked_mul(elements)
+            .filter(|&n| n > 0 && n <= isize::MAX as usize / 4)
+            .ok_or_else(|| {
+                DoorError::Argument(format!("{devices} devices of {elements} values"))
+            })?;
+        // SAFETY: `inputs` holds `total` floats by the contract.
+        let all = unsafe { std::slice::from_raw_parts(inputs, total) };
+        let rows: Vec<Vec<f32>> = all.chunks_exact(elements).map(<[f32]>::to_vec).collect();
+        // SAFETY: per the contract.
+        let source = unsafe { opt_str(source, "source") }?;
+        let kind = if moved != 0 {
+            crate::numerics::profile::Inputs::Moved
+        } else {
+            crate::numerics::profile::Inputs::Summed
+        };
+        let stats =
+            crate::numerics::profile::op_stats(&rows, kind, source).map_err(DoorError::Argument)?;
+        let json = serde_json::to_string(&stats).map_err(|e| DoorError::Internal(e.to_string()))?;
+        // SAFETY: checked non-null above, writable by the contract.
+        unsafe { stats_json.write(c_string(&json)) };
+        Ok(())
+    });
+    // SAFETY: `error` is null or writable, per the function's contract.
+    unsafe { status_into(run, error) }
+}
+
+/// `equarx_status equarx_sites(const uint8_t* module, size_t len, const
+/// char* options_json, char** sites_json, char** error)`: the module's
+/// collectives as calibration sees them (`calibrate::sites`: each one's
+/// key, name, groups and payload size), a JSON array in `*sites_json` (free
+/// with `equarx_free_string`). Counts in the options override the
+/// module's.
+///
+/// # Safety
+/// `module` points to `len` bytes; `options_json` is null or
+/// NUL-terminated; `sites_json` and `error` are null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn equarx_sites(
+    module: *const u8,
+    len: usize,
+    options_json: *const c_char,
+    sites_json: *mut *mut c_char,
+    error: *mut *mut c_char,
+) -> c_int {
+    if !sites_json.is_null() {
+        // SAFETY: per the contract.
+        unsafe { sites_json.write(std::ptr::null_mut()) };
+    }
+    let run = guarded(|| {
+        if module.is_null() || sites_json.is_null() {
+            return Err(DoorError::Argument("module or sites_json is null".into()));
+        }
+        // SAFETY: `module` holds `len` bytes by the contract.
+        let bytes = unsafe { std::slice::from_raw_parts(module, len) };
+        // SAFETY: per the contract.
+        let options = parse_options(unsafe { opt_str(options_json, "options_json") }?)?;
+        let json = super::sites_json(bytes, &options)?;
+        // SAFETY: checked non-null above, writable by the contract.
+        unsafe { sites_json.write(c_string(&json)) };
+        Ok(())
+    });
+    // SAFETY: `error` is null or writable, per the function's contract.
+    unsafe { status_into(run, error) }
+}
+
+/// `equarx_status equarx_profile(const char* measurements_json, char**
+/// profile_json, char** error)`: the calibration profile of what a run
+/// measured (`calibrate::Measurements`: per op its key and the statistics
+/// of each group and run, from `equarx_op_stats`), averaged per op, as the
+/// JSON a `profile` option reads.
+///
+/// # Safety
+/// `measurements_json` is NUL-terminated; `profile_json` and `error` are
+/// null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn equarx_profile(
+    measurements_json: *const c_char,
+    profile_json: *mut *mut c_char,
+    error: *mut *mut c_char,
+) -> c_int {
+    if !profile_json.is_null() {
+        // SAFETY: per the contract.
+        unsafe { profile_json.write(std::ptr::null_mut()) };
+    }
+    let run = guarded(|| {
+        if measurements_json.is_null() || profile_json.is_null() {
+            return Err(DoorError::Argument(
+                "measurements_json or profile_json is null".into(),
+            ));
+        }
+        // SAFETY: per the contract.
+        let m = unsafe { opt_str(measurements_json, "measurements_json") }?;
+        let json = super::profile_json(m)?;
+        // SAFETY: checked non-null above, writable by the contract.
+        unsafe { profile_json.write(c_string(&json)) };
+        Ok(())
+    });
+    // SAFETY: `error` is null or writable, per the function's contract.
+    unsafe { status_into(run, error) }
+}
+
 /// Writes the status of `run` and, on failure, its message to `*error`.
 ///
 /// # Safety

@@ -84,6 +84,27 @@ pub fn rewrite_bytes(
     })
 }
 
+/// The collectives of serialized module `bytes` as calibration sees them
+/// ([`crate::calibrate::sites`]), as a JSON array; counts in `options`
+/// override the module's.
+pub fn sites_json(bytes: &[u8], options: &RewriteOptions) -> Result<String, DoorError> {
+    let loaded = io::decode(bytes, None)?;
+    let counts = loaded.counts.overridden_by(options.counts);
+    let module = crate::ir::Module::from_proto(loaded.module);
+    serde_json::to_string(&crate::calibrate::sites(&module, &counts))
+        .map_err(|e| DoorError::Internal(format!("sites JSON: {e}")))
+}
+
+/// The profile (JSON) of measurements (JSON,
+/// [`crate::calibrate::Measurements`]).
+pub fn profile_json(measurements: &str) -> Result<String, DoorError> {
+    let m: crate::calibrate::Measurements = serde_json::from_str(measurements)
+        .map_err(|e| DoorError::Argument(format!("measurements: {e}")))?;
+    let profile = crate::calibrate::build(m).map_err(DoorError::Argument)?;
+    serde_json::to_string_pretty(&profile)
+        .map_err(|e| DoorError::Internal(format!("profile JSON: {e}")))
+}
+
 /// Runs `f`, turning a panic into [`DoorError::Internal`] so that no unwind
 /// ever crosses into C or C++.
 pub fn guarded<T>(f: impl FnOnce() -> Result<T, DoorError>) -> Result<T, DoorError> {

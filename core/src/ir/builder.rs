@@ -84,6 +84,14 @@ impl<'m> Builder<'m> {
         comp
     }
 
+    /// Records an inconsistency met while emitting (the first one is what
+    /// [`Builder::finish`] reports): for emitters that find an input they
+    /// cannot handle, so that the rewrite fails with the reason instead of
+    /// emitting something wrong.
+    pub fn fail(&mut self, message: impl Into<String>) {
+        self.error.get_or_insert_with(|| message.into());
+    }
+
     /// How many instructions have been emitted so far.
     pub fn len(&self) -> usize {
         self.out.len()

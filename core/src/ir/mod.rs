@@ -350,8 +350,11 @@ impl Module {
         } = edits;
         let resolve = |mut id: i64| {
             // Replacements may chain (a get-tuple-element forwarded to a
-            // tuple element); follow them, bounded against cycles.
-            for _ in 0..16 {
+            // tuple element); follow them to the end. An acyclic chain is
+            // at most as long as there are replacements; a cycle (a bug of
+            // the pass) stops there, and the verifier after the pass names
+            // the dangling operand it leaves.
+            for _ in 0..=replace.len() {
                 match replace.get(&InstrId(id)) {
                     Some(next) => id = next.0,
                     None => break,
@@ -370,7 +373,12 @@ impl Module {
             let id = InstrId(instr.id);
             if let Some(batch) = insert_before.remove(&id) {
                 inserted_before.insert(id.0, batch.iter().map(|i| i.id).collect());
-                new.extend(batch);
+                // A batch may read an instruction another edit replaces
+                // (the rewrite of an op whose operand was rewritten too).
+                new.extend(batch.into_iter().map(|mut i| {
+                    i.operand_ids.iter_mut().for_each(|o| *o = resolve(*o));
+                    i
+                }));
             }
             if remove.contains(&id) {
                 continue;
@@ -400,9 +408,10 @@ impl Module {
     pub fn add_scalar_reducer(
         &mut self,
         base_name: &str,
-        opcode: &str,
+        opcode: opcode::Opcode,
         ty: PrimitiveType,
     ) -> CompId {
+        let opcode = opcode.as_str();
         let s = shape::scalar(ty);
         let mut instrs: Vec<HloInstructionProto> = ["lhs", "rhs"]
             .into_iter()

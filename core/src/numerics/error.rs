@@ -1,53 +1,262 @@
-//! The error model: how far the quantized all-reduce lands from the exact
-//! sum, predicted from the plan (and, for tests, from the data).
+//! The error model: how far the quantized collective lands from the exact
+//! result, predicted from the plan and from what is known of the data.
 //!
-//! Each quantization adds an error uniform in ±step/2 with
-//! `step = absmax/127`, i.e. a variance of `absmax²/(12·127²)`. Write
-//! `κ² = E[absmax²]/E[v²]` for a block's crest factor. A quantized value
-//! that holds `k` independent device contributions of variance σ² has
-//! variance `kσ²`, so it adds `κ²kσ²/(12·127²)` of error variance; the
-//! complete sum has variance `Pσ²`. The plan says how many contributions
-//! every quantization on a value's way held ([`Plan::noise_weight`]:
-//! `w = Σk/P`), so
+//! A plan quantizes partial sums on every value's way ([`Plan::partials`]:
+//! `count` quantizations of partials of `k` device inputs each). An integer
+//! code of block absmax `a` rounds with an error uniform in ±step/2,
+//! `step = a/q`: a variance of `a²/(12·q²)` per element. A float code rounds
+//! each value to its own mantissa: a variance proportional to the value's
+//! square. Every error reaches the result once, so, with `S` the result's
+//! mean square,
 //!
 //! ```text
-//! relative RMS error = κ · sqrt(w / (12 · 127²))
-//! ring: w = (P+1)/2    two-shot: w = 2    two-level P1×P2: w = (P1+P2)/2
+//! integer codes:  rel² = Σ count · A(k) / (12 · q² · S)     A(k) = E[block absmax² of a partial of k inputs]
+//! float codes:    rel² = Σ count · c_m · M(k) / S            M(k) = E[square of a partial of k inputs]
 //! ```
 //!
-//! Correlated contributions (the same values on every device) give a
-//! smaller figure, so this one is the conservative choice. For Gaussian
-//! data κ² depends only on the block size ([`gaussian_crest_sq`]), and a
-//! rotation leaves Gaussian blocks Gaussian. Real activations with outlier
-//! channels have larger κ (one outlier sets its block's step); rotated,
-//! such a block's energy is spread evenly and its κ falls to the Gaussian
-//! value or below. Rounding the result to the output type adds its own
-//! error in quadrature ([`output_rounding_rel_rms`]).
+//! plus rounding the result to its own type, in quadrature. What is known
+//! of the data ([`Data`]) gives `A(k)/S` and `M(k)/S`:
+//!
+//! - **measured** on an op's own inputs (a calibration profile,
+//!   [`OpStats`]): exact, per block size and rotation;
+//! - **a crest factor** `κ² = E[absmax²]/E[x²]` of independent inputs
+//!   (`A(k) = κ²·k·σ²`, `M(k) = k·σ²`, `S = P·σ²`): the textbook model,
+//!   `rel = κ · sqrt(w / (12·q²))` with `w = Σ count·k / P` the plan's noise
+//!   weight (ring: (P+1)/2, two-shot: 2, two-level P1×P2: (P1+P2)/2);
+//! - **Gaussian** data: κ² of Gaussian blocks, which rotation leaves as
+//!   they are;
+//! - **the prior** ([`prior`]): κ² measured on the all-reduce inputs of a
+//!   real LLM, by block size and rotation. Real activations have outlier
+//!   channels, and one outlier sets its block's step: their blocks' κ² is
+//!   many times a Gaussian block's. Rotated, a block's energy is spread
+//!   evenly and κ² falls near the Gaussian value. This is what the pass
+//!   predicts with when it knows nothing else.
+//!
+//! Rotation's gain follows: it lowers `A(k)` and leaves `M(k)` (the energy)
+//! alone, so it helps integer codes and does nothing for float codes, which
+//! round each value relative to itself whatever its block holds. int4's
+//! trouble follows too: `q = 7` instead of 127, 18× the error of int8 on the
+//! same data, which unrotated outlier blocks make many times larger again.
 
-use crate::plan::Plan;
+use crate::plan::{Plan, QuantFormat, Rotation};
 
-/// Relative RMS error of quantizations with noise weight `w` in `format`:
-/// an integer format's step follows the block's absmax (κ² matters, `q` its
-/// largest code); a float format rounds every value to its own mantissa,
-/// a relative error whatever the block's crest (values far below the block's
-/// absmax lose more as subnormals; not modelled).
-pub fn format_rel_rms(format: crate::plan::QuantFormat, w: f64, crest_sq: f64) -> f64 {
-    match format.mantissa_bits() {
-        Some(m) => output_rounding_rel_rms(m) * w.sqrt(),
-        None => {
-            let q = f64::from(format.qmax());
-            (crest_sq * w / (12.0 * q * q)).sqrt()
+/// What the model knows of the data a plan quantizes.
+#[derive(Clone, Copy, Debug)]
+pub enum Data<'a> {
+    /// Independent inputs whose blocks (as quantized: rotated when the plan
+    /// rotates) have crest factor κ² = E[absmax²]/E[x²] (e.g. measured on
+    /// the data).
+    Crest(f64),
+    /// Independent Gaussian inputs.
+    Gaussian,
+    /// Nothing measured: the prior, fitted to real LLM all-reduce inputs.
+    Prior,
+    /// Measured on this op's inputs.
+    Measured(&'a OpStats),
+}
+
+impl Data<'_> {
+    /// What the prediction assumed, for the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Data::Crest(k) => format!("independent inputs, crest factor κ² = {k:.2}"),
+            Data::Gaussian => "Gaussian inputs".into(),
+            Data::Prior => format!("the prior ({})", prior().source),
+            Data::Measured(s) => format!("measured on this op's inputs ({})", s.source),
+        }
+    }
+
+    /// What a prediction for `plan` assumed, with the statistic it used.
+    pub fn describe_for(&self, plan: &Plan) -> String {
+        let (b, r) = (plan.block(), plan.config.rotation);
+        match self {
+            Data::Prior => format!(
+                "the prior: block crest factor κ² = {:.2} at B = {b}, rotation {r} ({})",
+                prior().crest_sq(b, r),
+                prior().source
+            ),
+            Data::Gaussian => format!(
+                "Gaussian inputs: κ² = {:.2} at B = {b}",
+                gaussian_crest_sq(b)
+            ),
+            Data::Measured(s) if measured_sq(plan, s).is_none() => format!(
+                "the prior (the profile measured no B = {b}, rotation {r}): κ² = {:.2}",
+                prior().crest_sq(b, r)
+            ),
+            Data::Measured(s) => {
+                let k = s
+                    .blocks
+                    .iter()
+                    .find(|x| x.block == b && x.rotation == r)
+                    .and_then(|x| Some(x.absmax_sq.last()? / x.mean_sq.last()?))
+                    .unwrap_or(f64::NAN);
+                format!(
+                    "the profile: this op's inputs measured, κ² = {k:.2} at B = {b}, rotation {r}, \
+                     and its partial sums' ({})",
+                    s.source
+                )
+            }
+            other => other.describe(),
         }
     }
 }
 
-/// The paper's ring over `p` ranks: `w = (P+1)/2`.
+/// Statistics of one collective's inputs, measured on a run of the program
+/// (a calibration profile's entry), for the error model: per block size
+/// and rotation, `A(k)/S` and `M(k)/S` for partial sums of k consecutive
+/// ranks, k = 1..=P.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OpStats {
+    /// Where the numbers come from (the profile's model and date).
+    pub source: String,
+    /// The group the inputs came from.
+    pub group_size: usize,
+    pub blocks: Vec<BlockStats>,
+}
+
+impl OpStats {
+    /// Whether these statistics cover `plan` (its block size and rotation,
+    /// and its partials); if not, it is predicted with the prior.
+    pub fn holds(&self, plan: &Plan) -> bool {
+        measured_sq(plan, self).is_some()
+    }
+}
+
+/// [`OpStats`] at one block size and rotation.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BlockStats {
+    pub block: usize,
+    pub rotation: Rotation,
+    /// `E[block absmax²] / S` of partial sums of k consecutive ranks, at
+    /// index k−1 (k = P: the complete sum); S is the complete sum's mean
+    /// square. For the collectives of rows (all-gather, all-to-all), k = 1
+    /// and S is the input's mean square.
+    pub absmax_sq: Vec<f64>,
+    /// `E[square] / S` of the same partials.
+    pub mean_sq: Vec<f64>,
+}
+
+/// The prior: κ² of real LLM all-reduce inputs, by block size, unrotated
+/// and rotated.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+pub struct Prior {
+    /// What was measured (`bench/model/prior.py` writes it).
+    pub source: String,
+    /// The command and the commit that measured it.
+    pub command: String,
+    pub commit: String,
+    /// (block size, κ² unrotated, κ² Hadamard-rotated), block sizes rising.
+    pub crest_sq: Vec<(usize, f64, f64)>,
+}
+
+/// The prior the pass predicts with when it knows nothing else:
+/// `prior.json`, written by `bench/model/prior.py` from the all-reduce
+/// inputs of a real LLM (gemma-3-270m, tensor-parallel; BENCHMARKS.md says
+/// how it was measured). It holds the largest κ² over the model's ops and
+/// over partial sums, so that the prediction is at or above what those
+/// inputs err.
+pub fn prior() -> &'static Prior {
+    static PRIOR: std::sync::OnceLock<Prior> = std::sync::OnceLock::new();
+    PRIOR.get_or_init(|| {
+        let p: Prior = serde_json::from_str(include_str!("prior.json"))
+            .unwrap_or_else(|e| unreachable!("prior.json is checked by a unit test: {e}"));
+        p
+    })
+}
+
+impl Prior {
+    /// κ² at block size `block` and `rotation` (interpolated in log block
+    /// size between the measured sizes; beyond them, the nearest's), never
+    /// below a Gaussian block's.
+    pub fn crest_sq(&self, block: usize, rotation: Rotation) -> f64 {
+        let pick = |r: &(usize, f64, f64)| match rotation {
+            Rotation::None => r.1,
+            Rotation::Hadamard => r.2,
+        };
+        let t = &self.crest_sq;
+        let b = block.max(1) as f64;
+        let measured = match t.iter().position(|r| b <= r.0 as f64) {
+            _ if t.is_empty() => 0.0,
+            Some(0) => pick(&t[0]),
+            Some(k) => {
+                let (lo, hi) = (&t[k - 1], &t[k]);
+                let f = (b.ln() - (lo.0 as f64).ln()) / ((hi.0 as f64).ln() - (lo.0 as f64).ln());
+                pick(lo) + f * (pick(hi) - pick(lo))
+            }
+            None => pick(&t[t.len() - 1]),
+        };
+        measured.max(gaussian_crest_sq(block))
+    }
+}
+
+/// Relative RMS error of one quantization in `format` of values whose
+/// blocks have crest factor κ², relative to those values: an integer
+/// code's step follows the block's absmax (`q` its largest code); a float
+/// code rounds every value to its own mantissa.
+fn one_quantization_sq(format: QuantFormat, crest_sq: f64) -> f64 {
+    match format.mantissa_bits() {
+        Some(m) => output_rounding_rel_rms(m).powi(2),
+        None => {
+            let q = f64::from(format.qmax());
+            crest_sq / (12.0 * q * q)
+        }
+    }
+}
+
+/// The predicted relative RMS error of `plan` on `data`, with the result
+/// rounded to a type of `mantissa_bits` explicit mantissa bits.
+pub fn predicted(plan: &Plan, data: Data, mantissa_bits: u32) -> f64 {
+    let quant_sq = match data {
+        Data::Measured(stats) => match measured_sq(plan, stats) {
+            Some(v) => v,
+            // No statistics at this block size and rotation: the prior.
+            None => independent_sq(plan, prior().crest_sq(plan.block(), plan.config.rotation)),
+        },
+        Data::Crest(k) => independent_sq(plan, k),
+        Data::Gaussian => independent_sq(plan, gaussian_crest_sq(plan.block())),
+        Data::Prior => independent_sq(plan, prior().crest_sq(plan.block(), plan.config.rotation)),
+    };
+    let out = output_rounding_rel_rms(mantissa_bits);
+    (quant_sq + out * out).sqrt()
+}
+
+/// rel² of `plan`'s quantizations on independent inputs of crest κ².
+fn independent_sq(plan: &Plan, crest_sq: f64) -> f64 {
+    one_quantization_sq(plan.config.format, crest_sq) * plan.noise_weight()
+}
+
+/// rel² of `plan`'s quantizations from measured statistics, if they hold
+/// the plan's block size and rotation and its partials.
+fn measured_sq(plan: &Plan, stats: &OpStats) -> Option<f64> {
+    let b = stats
+        .blocks
+        .iter()
+        .find(|b| b.block == plan.block() && b.rotation == plan.config.rotation)?;
+    let format = plan.config.format;
+    let mut sum = 0.0;
+    for q in plan.partials() {
+        let k = q.inputs.checked_sub(1)?;
+        let v = match format.mantissa_bits() {
+            Some(m) => output_rounding_rel_rms(m).powi(2) * b.mean_sq.get(k)?,
+            None => {
+                let qmax = f64::from(format.qmax());
+                b.absmax_sq.get(k)? / (12.0 * qmax * qmax)
+            }
+        };
+        sum += q.count as f64 * v;
+    }
+    Some(sum)
+}
+
+/// The relative RMS error of `format` codes after quantizations of noise
+/// weight `w` on independent inputs of crest κ² (the textbook model).
+pub fn format_rel_rms(format: QuantFormat, w: f64, crest_sq: f64) -> f64 {
+    (one_quantization_sq(format, crest_sq) * w).sqrt()
+}
+
+/// The paper's ring over `p` ranks, int8: `w = (P+1)/2`.
 pub fn ring_rel_rms(p: usize, crest_sq: f64) -> f64 {
-    format_rel_rms(
-        crate::plan::QuantFormat::Int8,
-        (p as f64 + 1.0) / 2.0,
-        crest_sq,
-    )
+    format_rel_rms(QuantFormat::Int8, (p as f64 + 1.0) / 2.0, crest_sq)
 }
 
 /// κ² = E[max of `block` |N(0,1)|²]: the crest factor of Gaussian blocks
@@ -87,19 +296,17 @@ pub fn output_rounding_rel_rms(mantissa_bits: u32) -> f64 {
     2f64.powi(-(mantissa_bits as i32)) / (12.0 * e_m2).sqrt()
 }
 
-/// The predicted relative RMS error of `plan` on Gaussian data, including
-/// rounding the result to a type with `mantissa_bits`.
+/// The predicted relative RMS error of `plan` with what the pass knows by
+/// default (the prior), the result rounded to a type of `mantissa_bits`.
 pub fn predicted_rel_rms(plan: &Plan, mantissa_bits: u32) -> f64 {
-    rel_rms_with_crest(plan, gaussian_crest_sq(plan.block()), mantissa_bits)
+    predicted(plan, Data::Prior, mantissa_bits)
 }
 
-/// The model's relative RMS error of `plan` for blocks of crest factor
-/// `crest_sq` (κ², e.g. measured on the data the quantizer sees), with the
-/// result rounded to a type with `mantissa_bits`: the two in quadrature.
+/// The model's relative RMS error of `plan` for independent inputs whose
+/// blocks have crest factor `crest_sq` (κ², e.g. measured on the data the
+/// quantizer sees), with the result rounded to a type with `mantissa_bits`.
 pub fn rel_rms_with_crest(plan: &Plan, crest_sq: f64, mantissa_bits: u32) -> f64 {
-    let quant = format_rel_rms(plan.config.format, plan.noise_weight(), crest_sq);
-    let out = output_rounding_rel_rms(mantissa_bits);
-    (quant * quant + out * out).sqrt()
+    predicted(plan, Data::Crest(crest_sq), mantissa_bits)
 }
 
 /// κ² measured on data: mean over blocks of absmax², over mean of v².
@@ -137,7 +344,7 @@ fn erf(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::QuantFormat;
+    use crate::plan::{Algorithm, Config, test_config};
 
     #[test]
     fn gaussian_crest_matches_sampling() {
@@ -158,5 +365,78 @@ mod tests {
         // P = 8, B = 128: about 1.4 % for Gaussian data.
         let e = ring_rel_rms(8, gaussian_crest_sq(128));
         assert!((0.012..0.016).contains(&e), "{e}");
+    }
+
+    fn plan(algorithm: Algorithm, rotation: Rotation, format: QuantFormat) -> Plan {
+        let c = Config {
+            rotation,
+            format,
+            ..test_config(algorithm)
+        };
+        Plan::new(8, 1 << 16, &c).unwrap()
+    }
+
+    #[test]
+    fn measured_statistics_of_independent_inputs_give_the_textbook_model() {
+        // Independent inputs of crest κ²: A(k)/S = κ²·k/P, M(k)/S = k/P.
+        let (p, kappa) = (8usize, 9.0);
+        let stats = |rotation| BlockStats {
+            block: 64,
+            rotation,
+            absmax_sq: (1..=p).map(|k| kappa * k as f64 / p as f64).collect(),
+            mean_sq: (1..=p).map(|k| k as f64 / p as f64).collect(),
+        };
+        let op = OpStats {
+            source: "test".into(),
+            group_size: p,
+            blocks: vec![stats(Rotation::None), stats(Rotation::Hadamard)],
+        };
+        for a in [Algorithm::Ring, Algorithm::TwoShot, Algorithm::TwoLevel] {
+            for f in [QuantFormat::Int8, QuantFormat::Int4, QuantFormat::Fp8E4m3] {
+                let pl = plan(a, Rotation::None, f);
+                let m = predicted(&pl, Data::Measured(&op), 23);
+                let c = predicted(&pl, Data::Crest(kappa), 23);
+                assert!((m / c - 1.0).abs() < 1e-12, "{a} {f}: {m} vs {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_prior_makes_rotation_pay_for_integer_codes_only() {
+        for f in [QuantFormat::Int8, QuantFormat::Int4] {
+            let plain = predicted(&plan(Algorithm::Ring, Rotation::None, f), Data::Prior, 23);
+            let rotated = predicted(
+                &plan(Algorithm::Ring, Rotation::Hadamard, f),
+                Data::Prior,
+                23,
+            );
+            assert!(rotated < 0.6 * plain, "{f}: {rotated} vs {plain}");
+        }
+        let f = QuantFormat::Fp8E4m3;
+        let plain = predicted(&plan(Algorithm::Ring, Rotation::None, f), Data::Prior, 23);
+        let rotated = predicted(
+            &plan(Algorithm::Ring, Rotation::Hadamard, f),
+            Data::Prior,
+            23,
+        );
+        assert!((plain / rotated - 1.0).abs() < 1e-12);
+        // On Gaussian data rotation changes nothing.
+        let g = |r| {
+            predicted(
+                &plan(Algorithm::TwoShot, r, QuantFormat::Int8),
+                Data::Gaussian,
+                23,
+            )
+        };
+        assert_eq!(g(Rotation::None), g(Rotation::Hadamard));
+    }
+
+    #[test]
+    fn the_prior_is_never_below_gaussian() {
+        for b in [4, 8, 16, 32, 64, 100, 128, 256, 512, 1024] {
+            for r in [Rotation::None, Rotation::Hadamard] {
+                assert!(prior().crest_sq(b, r) >= gaussian_crest_sq(b), "B={b} {r}");
+            }
+        }
     }
 }

@@ -35,7 +35,12 @@
 //!   block taken in index order (XLA:CPU's dot order), times `fl(1/√B)`.
 //!   Back, the integer codes are rotated first and scaled after,
 //!   `(H·q)·(scale·fl(1/√B))`: the integer sums are exact in f32 in any
-//!   order, so every backend and the simulator agree.
+//!   order, so every backend and the simulator agree. For B a power of
+//!   four, `1/√B` is a power of two and the matrix holds it
+//!   ([`norm_folds`]): each term is `x·(±1/√B)`, exact, so the forward sum
+//!   is the same sum scaled (it only overflows later), and back, the
+//!   scale multiplies `H·q/√B` (exact) once. One multiply fewer per
+//!   element each way.
 //! - **Non-finite input.** A NaN or Inf counts as an infinite magnitude, so
 //!   its block's absmax and scale are Inf. Backends' vectorized max
 //!   reductions may drop a NaN (XLA:CPU's do from 64 rows on), so the HLO
@@ -49,6 +54,7 @@
 //!   operation.
 
 pub mod error;
+pub mod profile;
 pub mod simulate;
 
 pub use crate::plan::{Quant, QuantFormat, ScaleType};
@@ -166,6 +172,13 @@ pub fn hadamard_norm(block: usize) -> f32 {
     (1.0 / (block as f64).sqrt()) as f32
 }
 
+/// Whether the rotation's matrix holds its norm: for B a power of four
+/// `fl(1/√B)` is an exact power of two, so `±1/√B` entries scale every
+/// term exactly and no separate multiply is needed.
+pub fn norm_folds(block: usize) -> bool {
+    block.is_power_of_two() && block.trailing_zeros() % 2 == 0
+}
+
 /// Entry `(k, j)` of the Sylvester Hadamard matrix: ±1, by the parity of
 /// the bits `k` and `j` share.
 pub fn hadamard_sign(k: usize, j: usize) -> f32 {
@@ -178,31 +191,41 @@ pub fn hadamard_sign(k: usize, j: usize) -> f32 {
 
 /// Rotates one block forward: `y_j = (Σ_k x_k · H_kj) · fl(1/√B)`, the ±x
 /// terms summed in index order (what XLA:CPU's dot does; the emitted HLO is
-/// that dot, then one multiply).
+/// that dot, then one multiply), or `Σ_k x_k · (H_kj/√B)` where the matrix
+/// holds the norm ([`norm_folds`]).
 pub fn rotate_block(x: &[f32]) -> Vec<f32> {
     let n = hadamard_norm(x.len());
+    let (entry, after) = if norm_folds(x.len()) {
+        (n, 1.0)
+    } else {
+        (1.0, n)
+    };
     (0..x.len())
         .map(|j| {
-            let sum = x
-                .iter()
-                .enumerate()
-                .fold(0.0f32, |acc, (k, &v)| acc + v * hadamard_sign(k, j));
-            sum * n
+            let sum = x.iter().enumerate().fold(0.0f32, |acc, (k, &v)| {
+                acc + v * (hadamard_sign(k, j) * entry)
+            });
+            sum * after
         })
         .collect()
 }
 
 /// Dequantizes a rotated block and rotates it back:
 /// `(H·q)_j · (scale·fl(1/√B))`, the ±codes summed in index order (for
-/// integer codes the sum is exact in any order).
+/// integer codes the sum is exact in any order), or `(H·q/√B)_j · scale`
+/// where the matrix holds the norm.
 pub fn dequantize_rotated(codes: &[f32], scale: f32) -> Vec<f32> {
-    let s = scale * hadamard_norm(codes.len());
+    let n = hadamard_norm(codes.len());
+    let (entry, s) = if norm_folds(codes.len()) {
+        (n, scale)
+    } else {
+        (1.0, scale * n)
+    };
     (0..codes.len())
         .map(|j| {
-            let h = codes
-                .iter()
-                .enumerate()
-                .fold(0.0f32, |acc, (k, &q)| acc + q * hadamard_sign(k, j));
+            let h = codes.iter().enumerate().fold(0.0f32, |acc, (k, &q)| {
+                acc + q * (hadamard_sign(k, j) * entry)
+            });
             h * s
         })
         .collect()

@@ -52,6 +52,7 @@ use serde_json::Value;
 
 use crate::cost::Topology;
 use crate::ir::DeviceCounts;
+use crate::numerics::profile::ProfileFile;
 use crate::passes::Stage;
 use crate::plan::{Algorithm, GatherForm, QuantFormat, Rotation, ScaleType};
 use crate::proto::PrimitiveType;
@@ -110,13 +111,18 @@ pub struct Options {
     pub rotation: Option<Rotation>,
     /// Write every ring step out instead of a `while` loop over them.
     pub unroll: bool,
-    /// The largest predicted relative RMS error (on Gaussian data, in
-    /// percent) a rewrite may have: the fastest configuration within it
-    /// is taken, and an op with none is skipped.
+    /// The largest predicted relative RMS error (percent per op) a rewrite
+    /// may have: the fastest configuration within it is taken, and an op
+    /// with none is skipped. `None`: the default budget, which gives way to
+    /// the most exact plan when none meets it (see `choose`).
     pub max_error_pct: Option<f64>,
     /// Where in XLA's pipeline the module is; `None`: detected (a module
     /// that holds fusions is past XLA's fusion).
     pub stage: Option<Stage>,
+    /// A calibration profile: what each op's inputs measured; the error
+    /// model predicts with it for the ops it holds, with the prior for the
+    /// others.
+    pub profile: Option<ProfileFile>,
 }
 
 impl Default for Options {
@@ -137,6 +143,7 @@ impl Default for Options {
             unroll: false,
             max_error_pct: None,
             stage: None,
+            profile: None,
         }
     }
 }
@@ -363,6 +370,7 @@ mod tests {
                 "quant_format": "fp8-e4m3",
                 "algorithm": "two-shot", "rotation": "hadamard", "unroll": true, "max_error": 1.1,
                 "stage": "fused",
+                "profile": "{\"version\": 1, \"source\": \"an example\", \"equarx\": \"0.1.0\", \"ops\": []}",
                 "replica_count": 1, "num_partitions": 8, "disabled_passes": ["quantize-collectives"]}"#,
         )
         .unwrap();

@@ -203,7 +203,10 @@ fn fuse_emitted(
         }
     }
 
-    // Members per root, in instruction order; single ops stay as they are.
+    // Members per root, in instruction order. A single op stays as it is,
+    // unless it reads a broadcast that would otherwise be made into a
+    // buffer of its own (a constant spread over the op's shape): fused,
+    // the broadcast is copied in and never written out.
     let mut members: HashMap<i64, Vec<i64>> = HashMap::default();
     for instr in c.instructions() {
         if let Some(&root) = group.get(&instr.id) {
@@ -216,9 +219,16 @@ fn fuse_emitted(
         m.iter()
             .all(|id| by_id.get(id).is_some_and(|i| is(i, Opcode::Reshape)))
     };
+    let reads_broadcast = |m: &[i64]| {
+        m.iter().any(|id| {
+            by_id[id].operand_ids.iter().any(|o| {
+                copied.contains(o) && by_id.get(o).is_some_and(|i| is(i, Opcode::Broadcast))
+            })
+        })
+    };
     let mut roots: Vec<i64> = members
         .iter()
-        .filter(|(_, m)| m.len() > 1 && !only_reshapes(m))
+        .filter(|(_, m)| (m.len() > 1 || reads_broadcast(m)) && !only_reshapes(m))
         .map(|(&r, _)| r)
         .collect();
     roots.sort_unstable_by_key(|r| c.position(InstrId(*r)));

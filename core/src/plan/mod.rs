@@ -263,6 +263,14 @@ pub fn check_block(block: usize, format: QuantFormat, rotation: Rotation) -> Res
     Ok(())
 }
 
+/// Quantizations on a final value's way: `count` of them, each of a
+/// partial sum of `inputs` device inputs ([`Plan::partials`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partial {
+    pub inputs: usize,
+    pub count: usize,
+}
+
 /// One independent chain of a ring phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lane {
@@ -553,25 +561,66 @@ impl Plan {
             .sum()
     }
 
-    /// Σ over the quantizations a final value went through of the number of
-    /// device contributions the quantized value held, divided by the
-    /// contributions the final value holds (P for a sum, 1 for a gathered or
-    /// exchanged value): the
-    /// factor the error model multiplies a single quantization's relative
-    /// noise by. Ring: (P+1)/2; two-shot: 2; two-level: (P1+P2)/2.
+    /// The quantizations a final value goes through on its way, each of a
+    /// partial sum of some device inputs: what the error model adds up.
+    /// The partials hold consecutive ranks (a ring's chain, an axis of a
+    /// grid: consecutive ranks in rank order), so statistics measured on
+    /// windows of consecutive ranks describe every algorithm.
     ///
-    /// A ring phase over an axis of Q quantizes partials of 1, 2, …, Q−1
-    /// times the contributions each input already holds, in each of the
-    /// chains that later sums meet: P·(Q−1)/2 in all. An exchange
-    /// quantizes each input once (P), a gather the complete sum once (P).
+    /// | phase | quantizations of a final value |
+    /// |---|---|
+    /// | ring over Q, after axes of R ranks reduced | `rows/Q` chains, each quantizing partials of k·R inputs, k = 1..Q−1 |
+    /// | exchange over Q | every one of the Q contributions (of R inputs) once |
+    /// | gather | the complete sum once (all-gather, all-to-all: the input row) |
+    pub fn partials(&self) -> Vec<Partial> {
+        let mut out = Vec::new();
+        let mut reduced = 1usize;
+        for (k, phase) in self.phases.iter().enumerate() {
+            let rows = self.rows_before(k);
+            match *phase {
+                Phase::Ring { axis } => {
+                    for j in 1..axis.size {
+                        out.push(Partial {
+                            inputs: j * reduced,
+                            count: rows / axis.size,
+                        });
+                    }
+                    reduced *= axis.size;
+                }
+                Phase::Exchange { axis } => {
+                    out.push(Partial {
+                        inputs: reduced,
+                        count: axis.size,
+                    });
+                    reduced *= axis.size;
+                }
+                Phase::Gather | Phase::Scatter => out.push(Partial {
+                    inputs: self.sum_inputs(),
+                    count: 1,
+                }),
+            }
+        }
+        out
+    }
+
+    /// How many device inputs a final value sums: the group for the
+    /// reducing collectives, one for the gathers and exchanges of rows.
+    pub fn sum_inputs(&self) -> usize {
+        match self.collective {
+            Collective::AllReduce | Collective::ReduceScatter => self.group_size,
+            Collective::AllGather | Collective::AllToAll => 1,
+        }
+    }
+
+    /// Σ over the quantizations a final value went through of the number of
+    /// device inputs the quantized value held, divided by those the final
+    /// value holds ([`Plan::sum_inputs`]): the factor the error model
+    /// multiplies a single quantization's relative noise by when the
+    /// inputs are independent. Ring: (P+1)/2; two-shot: 2; two-level:
+    /// (P1+P2)/2.
     pub fn noise_weight(&self) -> f64 {
-        self.phases
-            .iter()
-            .map(|p| match p {
-                Phase::Ring { axis } => (axis.size as f64 - 1.0) / 2.0,
-                Phase::Exchange { .. } | Phase::Gather | Phase::Scatter => 1.0,
-            })
-            .sum()
+        let total: usize = self.partials().iter().map(|q| q.inputs * q.count).sum();
+        total as f64 / self.sum_inputs() as f64
     }
 
     /// How many times a partial sum is quantized on its way (the plan's

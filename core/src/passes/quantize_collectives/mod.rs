@@ -43,12 +43,14 @@ pub mod report;
 pub mod splice;
 
 use choose::{Choice, choose};
-use report::{OpReport, SkipReason, describe};
+use report::{Basis, OpReport, SkipReason, describe};
 use splice::{Reducers, splice};
 
 use super::{Pass, PassError, Stage};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
+use crate::numerics::error::Data;
+use crate::numerics::profile::{KeyMaker, OpKey};
 use crate::options::Options;
 use crate::proto::HloInstructionProto;
 
@@ -98,20 +100,22 @@ impl Pass for QuantizeCollectives {
     fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
         self.report.clear();
         let mut reducers = None;
+        let mut keys = KeyMaker::default();
         let comp_ids: Vec<CompId> = module.computations().iter().map(|c| c.id()).collect();
         for comp_id in comp_ids {
             let Some(comp) = module.computation(comp_id) else {
                 continue;
             };
-            let collectives: Vec<HloInstructionProto> = comp
+            let collectives: Vec<(HloInstructionProto, OpKey)> = comp
                 .instructions()
                 .iter()
                 .filter(|i| Opcode::of(i).and_then(eligibility::rewritable).is_some())
-                .cloned()
+                .map(|i| (i.clone(), keys.key(module, comp, i)))
                 .collect();
             let mut edits = Edits::default();
-            for instr in collectives {
-                let entry = self.decide(module, comp_id, &instr, &mut reducers, &mut edits)?;
+            for (instr, key) in collectives {
+                let entry =
+                    self.decide(module, comp_id, &instr, &key, &mut reducers, &mut edits)?;
                 self.report.push(entry);
             }
             module.apply(comp_id, edits);
@@ -128,6 +132,7 @@ impl QuantizeCollectives {
         module: &mut Module,
         comp_id: CompId,
         instr: &HloInstructionProto,
+        key: &OpKey,
         reducers: &mut Option<Reducers>,
         edits: &mut Edits,
     ) -> Result<OpReport, PassError> {
@@ -135,8 +140,24 @@ impl QuantizeCollectives {
             .computation(comp_id)
             .ok_or_else(|| PassError::Failed("computation vanished".into()))?;
         let mut entry = OpReport::new(describe(comp, instr), self.stage);
+        // What is known of the op's data: its profile entry, or the prior.
+        let (data, basis, said) = match self.options.profile.as_ref().map(|p| p.profile.find(key)) {
+            Some(Ok(op)) => (
+                Data::Measured(&op.stats),
+                Basis::Profile,
+                Data::Measured(&op.stats).describe(),
+            ),
+            Some(Err(why)) => (
+                Data::Prior,
+                Basis::PriorUnmatched,
+                format!("{}: {why}", Data::Prior.describe()),
+            ),
+            None => (Data::Prior, Basis::Prior, Data::Prior.describe()),
+        };
+        entry.basis = Some(basis);
+        entry.prediction = Some(said);
         let decision = eligibility::examine(module, comp, instr, &self.options, &self.counts)
-            .and_then(|c| choose(&c, &self.options).map(|choice| (c, choice)));
+            .and_then(|c| choose(&c, data, &self.options).map(|choice| (c, choice)));
         match decision {
             Err(reason) => {
                 if let SkipReason::NotFaster(time) = &reason {
@@ -147,7 +168,7 @@ impl QuantizeCollectives {
             Ok((candidate, Choice { plan, time })) => {
                 let reducers = *reducers.get_or_insert_with(|| Reducers::add_to(module));
                 let spliced = splice(module, &candidate, &plan, self.stage, reducers, edits)?;
-                entry.rewritten(&candidate, &plan, &spliced.emitted);
+                entry.rewritten(&candidate, &plan, &spliced.emitted, data);
                 entry.predicted_time = Some(time);
             }
         }

@@ -5,7 +5,7 @@
 use super::eligibility::{Candidate, FORCE_ATTRIBUTE};
 use crate::ir::groups::{GroupMode, ReplicaGroups};
 use crate::ir::{Computation, InstrId, Module, shape};
-use crate::numerics::error::predicted_rel_rms;
+use crate::numerics::error::{Data, predicted};
 use crate::passes::Stage;
 use crate::plan::{Config, Form, Plan, PlanError, Rotation, baseline_wire_bytes};
 use crate::proto::HloInstructionProto;
@@ -68,10 +68,19 @@ pub enum SkipReason {
     #[error("{0}")]
     Plan(#[from] PlanError),
     #[error(
-        "no configuration meets the error budget of {budget}% (the most exact, {best}, predicts {predicted:.2}% on Gaussian data)"
+        "no configuration meets the error budget of {budget}% (the most exact, {best}, predicts {predicted:.2}%)"
     )]
     OverBudget {
         budget: f64,
+        best: String,
+        predicted: f64,
+    },
+    #[error(
+        "declined: the most exact configuration, {best}, predicts {predicted:.1}% per op, more than \
+         the {limit}% that keeps a model (give --max-error, or fix both --algorithm and --rotation, to take it anyway)"
+    )]
+    BreaksModel {
+        limit: f64,
         best: String,
         predicted: f64,
     },
@@ -115,11 +124,41 @@ pub struct OpReport {
     pub wire_bytes_before: Option<u64>,
     /// Bytes each device sends in the emitted collectives.
     pub wire_bytes_after: Option<u64>,
-    /// Predicted relative RMS error against the exact sum (Gaussian data).
+    /// Predicted relative RMS error against the exact result, on the op's
+    /// data as far as it is known (see `prediction`).
     pub predicted_rel_rms: Option<f64>,
+    /// What the predictions assumed of the data, in a word.
+    pub basis: Option<Basis>,
+    /// The same in full: the statistic used, and where it came from (or why
+    /// the profile held nothing for the op).
+    pub prediction: Option<String>,
     /// The cost model's times (a model, not a measurement).
     pub predicted_time: Option<PredictedTime>,
     pub plan: Option<PlanSummary>,
+}
+
+/// What an op's predicted error assumed of its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// The prior fitted to a real LLM's all-reduce inputs; no profile given.
+    Prior,
+    /// The op's own inputs, measured by calibration (`--profile`).
+    Profile,
+    /// The prior, although a profile was given: it holds nothing for this
+    /// op or this plan's block size (`prediction` says which).
+    PriorUnmatched,
+}
+
+impl Basis {
+    /// The report table's word for it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Basis::Prior => "prior",
+            Basis::Profile => "profile",
+            Basis::PriorUnmatched => "prior*",
+        }
+    }
 }
 
 /// The cost model's view of one rewrite.
@@ -181,13 +220,15 @@ impl OpReport {
             wire_bytes_before: None,
             wire_bytes_after: None,
             predicted_rel_rms: None,
+            basis: None,
+            prediction: None,
             predicted_time: None,
             plan: None,
         }
     }
 
-    /// Fills in what a rewrite of `c` by `plan` did.
-    pub fn rewritten(&mut self, c: &Candidate, plan: &Plan, emitted: &Emitted) {
+    /// Fills in what a rewrite of `c` by `plan` did, predicted on `data`.
+    pub fn rewritten(&mut self, c: &Candidate, plan: &Plan, emitted: &Emitted, data: Data) {
         let p = plan.group_size;
         self.rewritten = true;
         self.op.group_size = Some(p);
@@ -195,7 +236,15 @@ impl OpReport {
         self.op.payload_bytes = c.payload_bytes;
         self.wire_bytes_before = Some(baseline_wire_bytes(c.collective, p, c.payload_bytes));
         self.wire_bytes_after = Some(plan.wire_bytes());
-        self.predicted_rel_rms = Some(predicted_rel_rms(plan, c.mantissa_bits()));
+        self.predicted_rel_rms = Some(predicted(plan, data, c.mantissa_bits()));
+        // What the prediction assumed, now that the plan says which
+        // statistic it read; a profile's miss (said already) stays.
+        if self.basis != Some(Basis::PriorUnmatched) {
+            self.prediction = Some(data.describe_for(plan));
+            if matches!(data, Data::Measured(s) if !s.holds(plan)) {
+                self.basis = Some(Basis::PriorUnmatched);
+            }
+        }
         if c.forced {
             self.reason = Some(format!("forced by {FORCE_ATTRIBUTE}=\"true\""));
         }

@@ -16,8 +16,11 @@ use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 /// The scalar computations the emitted reductions call.
 #[derive(Clone, Copy)]
 pub struct Reducers {
-    pub max_f32: CompId,
+    /// The maximum of s32 values: the blocks' absmax, on the bits of |x|.
+    pub max_s32: CompId,
+    /// The or of s32 values: a scale's bytes put back together.
     pub or_s32: CompId,
+    /// The sum of f32 values: the exchange's owner sums what it received.
     pub add_f32: CompId,
 }
 
@@ -25,9 +28,13 @@ impl Reducers {
     /// Adds the module's scalar reducers (once per module).
     pub fn add_to(module: &mut Module) -> Self {
         Reducers {
-            max_f32: module.add_scalar_reducer("equarx_max_f32", "maximum", PrimitiveType::F32),
-            or_s32: module.add_scalar_reducer("equarx_or_s32", "or", PrimitiveType::S32),
-            add_f32: module.add_scalar_reducer("equarx_add_f32", "add", PrimitiveType::F32),
+            max_s32: module.add_scalar_reducer(
+                "equarx_max_s32",
+                Opcode::Maximum,
+                PrimitiveType::S32,
+            ),
+            or_s32: module.add_scalar_reducer("equarx_or_s32", Opcode::Or, PrimitiveType::S32),
+            add_f32: module.add_scalar_reducer("equarx_add_f32", Opcode::Add, PrimitiveType::F32),
         }
     }
 }
@@ -110,7 +117,7 @@ pub fn splice(
             participants: &c.participants,
             operands: &packed,
             results: &results,
-            max_f32: reducers.max_f32,
+            max_s32: reducers.max_s32,
             or_s32: reducers.or_s32,
             add_f32: reducers.add_f32,
             async_permutes: c.done.is_some(),

@@ -19,22 +19,20 @@ impl Emitter<'_, '_, '_> {
         let bl = self.plan().block() as i64;
         let format = self.plan().config.format;
         // The block absmax, +Inf for a block that holds a NaN or an Inf (the
-        // numerics contract). A plain max of |x| runs vectorized, and such
-        // forms may drop a NaN (XLA:CPU's do), so non-finite values are
-        // found by a sum instead: x − x is 0 for finite x and NaN otherwise,
-        // and a sum keeps every NaN. Both reductions vectorize; a reducer
-        // that maps non-finite values itself runs element by element, 11x
-        // slower on XLA:CPU.
-        // The reduction starts from the floor (see `absmax_floor`).
-        let floor = self.f32c(absmax_floor(format));
-        let magnitude = self.b.unary(Opcode::Abs, blocks);
-        let absmax = self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_f32);
-        let zero = self.f32c(0.0);
-        let nought = self.b.binary(Opcode::Subtract, blocks, blocks);
-        let finite = self.b.reduce(&nought, &zero, &[1], self.inputs.add_f32);
-        let finite = self.b.unary(Opcode::IsFinite, &finite);
-        let inf = self.splat(Const::F32(f32::INFINITY.to_bits()), &[nb]);
-        let absmax = self.b.select(&finite, &absmax, &inf);
+        // numerics contract), by one integer reduction: the bits of |x|
+        // (the sign bit cleared) order as the magnitudes do, and every NaN's
+        // bits lie above +Inf's, so the largest bits, capped at +Inf's, are
+        // the absmax's. A float max may drop a NaN (XLA:CPU's vectorized one
+        // does), an integer max cannot, and it is exact in any order. The
+        // reduction starts from the floor (see `absmax_floor`).
+        let floor = self.s32c(i64::from(absmax_floor(format).to_bits()));
+        let bits = self.b.bitcast_convert(blocks, PrimitiveType::S32);
+        let mask = self.splat(Const::S32(0x7fff_ffff), &[nb, bl]);
+        let magnitude = self.b.binary(Opcode::And, &bits, &mask);
+        let largest = self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_s32);
+        let inf = self.splat(Const::S32(f32::INFINITY.to_bits() as i32), &[nb]);
+        let capped = self.b.binary(Opcode::Minimum, &largest, &inf);
+        let absmax = self.b.bitcast_convert(&capped, PrimitiveType::F32);
         let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
         // The scale that travels, kept in f32: codes are computed against
@@ -132,9 +130,9 @@ impl Emitter<'_, '_, '_> {
         if let Some(v) = self.shifts.get(&nb) {
             return v.clone();
         }
-        let amounts: Vec<i32> = (0..width).map(|k| first + 8 * k).collect();
+        let amounts: Vec<i32> = (0..width).map(|k| (first + 8 * k) as i32).collect();
         let vector = self.b.s32_array(&amounts);
-        let v = self.b.broadcast(&vector, &[nb, width as i64], &[1]);
+        let v = self.b.broadcast(&vector, &[nb, width], &[1]);
         self.shifts.insert(nb, v.clone());
         v
     }
@@ -152,13 +150,16 @@ impl Emitter<'_, '_, '_> {
         self.b.convert(&shifted, PrimitiveType::S8)
     }
 
-    /// The inverse of [`Self::pack_scales`]: s8 `[nb, width]` → f32 `[nb]`.
+    /// The inverse of [`Self::pack_scales`]: s8 `[nb, width]` → f32 `[nb]`:
+    /// each byte widened and shifted into place, the bytes or-ed together
+    /// by a reduction over the `width` of them (a small one: `nb · width`
+    /// values, against the block's B codes).
     pub(super) fn unpack_scales(&mut self, scale_bytes: &Value) -> Value {
-        let dims = scale_bytes.dims().to_vec();
+        let nb = dim(scale_bytes, 0);
         // Bytes as u8, so that widening them fills with zeros.
         let bytes = self.b.bitcast_convert(scale_bytes, PrimitiveType::U8);
         let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
-        let shifts = self.byte_shifts(dims[0]);
+        let shifts = self.byte_shifts(nb);
         let placed = self.b.binary(Opcode::ShiftLeft, &unsigned, &shifts);
         let zero = self.s32c(0);
         let bits = self.b.reduce(&placed, &zero, &[1], self.inputs.or_s32);
@@ -195,8 +196,13 @@ impl Emitter<'_, '_, '_> {
         let (codes, scale) = self.split(message);
         let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
-        let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
-        let scale = self.b.multiply(&scale, &norm);
+        // The norm scales the scale, or is in the matrix already.
+        let scale = if self.norm_folded() {
+            scale
+        } else {
+            let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
+            self.b.multiply(&scale, &norm)
+        };
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
         self.b.multiply(&turned, &scale)
     }

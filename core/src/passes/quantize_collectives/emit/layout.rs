@@ -71,21 +71,36 @@ impl Emitter<'_, '_, '_> {
         } else {
             Precision::Highest
         };
-        // ±1 entries: every product is exact, so a backend's fused
-        // multiply-adds change nothing; the norm is one multiply after.
+        // Entries ±1 (or ±2^-k, when the norm is folded in): every product
+        // is exact, so a backend's fused multiply-adds change nothing.
         let summed = self.b.dot(&blocks, &h, 1, 0, precision);
-        let norm = self.splat(
-            Const::F32(hadamard_norm(bl as usize).to_bits()),
-            &[n / bl, bl],
-        );
-        let rotated = self.b.multiply(&summed, &norm);
+        let rotated = if self.norm_folded() {
+            summed
+        } else {
+            let norm = self.splat(
+                Const::F32(hadamard_norm(bl as usize).to_bits()),
+                &[n / bl, bl],
+            );
+            self.b.multiply(&summed, &norm)
+        };
         self.b.reshape(&rotated, &[n])
     }
 
-    /// The B×B Sylvester Hadamard matrix (±1) as f32, emitted once per
-    /// computation: it is symmetric, so the inverse rotation reads it too.
-    /// Its literal is s8 (a quarter of an f32 literal's bytes in the
-    /// module; XLA folds the convert).
+    /// Whether the rotation's matrix holds its norm: for B a power of four,
+    /// `1/√B` is a power of two, so `H/√B` has entries `±2^-k`, every
+    /// product with them is the product with ±1 scaled exactly, and a sum
+    /// of such products is the sum of the ±1 products scaled exactly (no
+    /// rounding changes: a power of two commutes with rounding). The
+    /// rotation then needs no multiply of its own, forward or back.
+    pub(super) fn norm_folded(&self) -> bool {
+        crate::numerics::norm_folds(self.plan().block())
+    }
+
+    /// The B×B Sylvester Hadamard matrix as f32 (±1, or `±1/√B` when
+    /// [`Self::norm_folded`]), emitted once per computation: it is
+    /// symmetric, so the inverse rotation reads it too. Its literal is s8 (a
+    /// quarter of an f32 literal's bytes in the module; XLA folds the
+    /// convert, and the norm's multiply of the small matrix).
     pub(super) fn hadamard(&mut self) -> Value {
         if let Some(h) = &self.hadamard {
             return h.clone();
@@ -95,16 +110,33 @@ impl Emitter<'_, '_, '_> {
             .map(|i| hadamard_sign(i / bl, i % bl) as i8)
             .collect();
         let signs = self.b.s8_array(&entries, &[bl as i64, bl as i64]);
-        let h = self.b.convert(&signs, PrimitiveType::F32);
+        let mut h = self.b.convert(&signs, PrimitiveType::F32);
+        if self.norm_folded() {
+            let norm = self.splat(
+                Const::F32(hadamard_norm(bl).to_bits()),
+                &[bl as i64, bl as i64],
+            );
+            h = self.b.multiply(&h, &norm);
+        }
         self.hadamard = Some(h.clone());
         h
     }
 
     /// The operand's geometry around the collective's dimension d:
-    /// (elements before d, size of d, elements after d).
-    pub(super) fn around(&self, x: &Value) -> (i64, i64, i64) {
-        let dims = x.dims();
-        let d = self.inputs.dimension.unwrap_or(0) as usize;
+    /// (elements before d, size of d, elements after d). Eligibility gives
+    /// every array collective of rows a dimension in range; one without is
+    /// an inconsistency the rewrite fails on.
+    pub(super) fn around(&mut self, x: &Value) -> (i64, i64, i64) {
+        let dims = x.dims().to_vec();
+        let d = match self.inputs.dimension.and_then(|d| usize::try_from(d).ok()) {
+            Some(d) if d < dims.len() => d,
+            other => {
+                self.b.fail(format!(
+                    "the collective's dimension {other:?} does not fit its operand {dims:?}"
+                ));
+                return (1, dims.iter().product(), 1);
+            }
+        };
         let before: i64 = dims[..d].iter().product();
         let after: i64 = dims[d + 1..].iter().product();
         (before, dims[d], after)

@@ -50,8 +50,8 @@ pub struct EmitInputs<'a> {
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// Scalar f32 `maximum`, s32 `or` and f32 `add` computations.
-    pub max_f32: CompId,
+    /// Scalar s32 `maximum` and `or`, and f32 `add` computations.
+    pub max_s32: CompId,
     pub or_s32: CompId,
     pub add_f32: CompId,
     /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
@@ -151,8 +151,8 @@ struct Emitter<'b, 'm, 'i> {
     splats: HashMap<(Const, Vec<i64>), Value>,
     /// (a − dir·k) mod Q, by (a, Q, dir, k), for constant k.
     indices: HashMap<(InstrId, i64, i64, i64), Value>,
-    /// The axis coordinates of this device, by axis stride.
-    coordinates: HashMap<usize, Value>,
+    /// The axis coordinates of this device, by axis (stride, size).
+    coordinates: HashMap<(usize, usize), Value>,
     /// [`Self::byte_shifts`], by block count.
     shifts: HashMap<i64, Value>,
     /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.

@@ -28,7 +28,7 @@ impl Emitter<'_, '_, '_> {
 
     /// This device's coordinate on `axis`: (r / stride) mod size.
     pub(super) fn coordinate(&mut self, rank: &Value, axis: Axis) -> Value {
-        if let Some(v) = self.coordinates.get(&axis.stride) {
+        if let Some(v) = self.coordinates.get(&(axis.stride, axis.size)) {
             return v.clone();
         }
         let p = self.plan().group_size;
@@ -41,7 +41,7 @@ impl Emitter<'_, '_, '_> {
             let size = self.s32c(axis.size as i64);
             v = self.b.binary(Opcode::Remainder, &v, &size);
         }
-        self.coordinates.insert(axis.stride, v.clone());
+        self.coordinates.insert((axis.stride, axis.size), v.clone());
         v
     }
 
@@ -69,6 +69,11 @@ impl Emitter<'_, '_, '_> {
             // k = s + plus = next + plus − 1, with next in 1..Q−1 and plus
             // at most 2, so a − k + 2Q ≥ 0.
             Step::Next(next) => {
+                if !(0..=2).contains(&plus) {
+                    self.b.fail(format!(
+                        "a loop step's index takes a step offset of 0..=2, not {plus}"
+                    ));
+                }
                 let shifted = if dir > 0 {
                     let base = self.s32c(2 * q - plus + 1);
                     self.b.binary(Opcode::Subtract, &base, next)

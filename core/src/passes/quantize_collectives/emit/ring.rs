@@ -84,7 +84,13 @@ impl Emitter<'_, '_, '_> {
     /// the device now holds, f32 `[other axes.., c]`.
     pub(super) fn ring(&mut self, held: &Value, rank: &Value, axes: &[Axis], axis: Axis) -> Value {
         let plan = self.plan();
-        let at = axes.iter().position(|x| *x == axis).unwrap_or(0);
+        let Some(at) = axes.iter().position(|x| *x == axis) else {
+            // Every ring phase's axis is one of the plan's, held until it
+            // is reduced.
+            self.b
+                .fail(format!("the ring's axis {axis:?} is not among those held"));
+            return held.clone();
+        };
         let a = self.coordinate(rank, axis);
         let q = axis.size as i64;
         let first = Step::At(-1);
