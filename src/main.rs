@@ -8,6 +8,7 @@ mod args;
 mod calibrate;
 mod charts;
 mod model;
+mod npz;
 mod plot;
 mod print;
 mod rewrite;

@@ -1,9 +1,10 @@
 //! `equarx simulate`: the quantized collectives' error on synthetic data,
+//! or on saved inputs (`--inputs`, a real model's all-reduce inputs say),
 //! bit-exact with the emitted HLO, beside the error model.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use equarx::ScaleType;
@@ -14,8 +15,43 @@ use crate::args::choice;
 use crate::tables::{Align, Columns};
 use crate::{charts, say, say_raw};
 
+const EXAMPLES: &str = "\
+Examples:
+  # Every algorithm, rotation and block size on synthetic distributions:
+  equarx simulate --group-sizes 4,8 --formats int8,int4
+
+  # The error model against a real model's all-reduce inputs: each plan run
+  # on them, beside the error predicted from the prior and from their own
+  # statistics (what a calibration profile holds):
+  equarx simulate --inputs captures.npz --arrays 'L*' --formats int8,fp8-e4m3,int4
+
+--inputs takes one array per all-reduce, [ranks, elements...]: every rank's
+operand (save bf16 as f32, which holds it exactly). bench/model/capture.py
+writes such a file from gemma-3-270m's tensor-parallel all-reduces.";
+
 #[derive(Args)]
+#[command(after_help = EXAMPLES)]
 pub struct SimulateArgs {
+    /// Saved all-reduce inputs (.npz, one array per all-reduce, [ranks,
+    /// elements...]) instead of synthetic distributions: each plan runs on
+    /// every array, beside the error model's predictions from the prior
+    /// and from the array's own statistics.
+    #[arg(long, value_name = "FILE.npz", conflicts_with_all = ["distributions", "group_sizes", "elements", "channels", "plot", "pipeline_depths", "bidirectional"])]
+    inputs: Option<PathBuf>,
+    /// With --inputs: only these arrays (names; `PREFIX*` matches every
+    /// name that starts with PREFIX). Default: every array, and each must
+    /// be a float array of [ranks, elements...].
+    #[arg(
+        long,
+        value_name = "NAME,...",
+        value_delimiter = ',',
+        requires = "inputs"
+    )]
+    arrays: Vec<String>,
+    /// With --inputs: at most this many elements of each rank's operand
+    /// (its first ones), for a quicker look.
+    #[arg(long, value_name = "N", requires = "inputs")]
+    max_elements: Option<usize>,
     /// Input distributions (per device, bf16).
     #[arg(
         long,
@@ -75,6 +111,9 @@ pub struct SimulateArgs {
 }
 
 pub fn run(a: SimulateArgs) -> Result<()> {
+    if let Some(path) = &a.inputs {
+        return on_inputs(&a, path);
+    }
     if a.elements == 0 || a.group_sizes.iter().any(|&p| p < 2) {
         bail!("--elements must be positive and every group size at least 2");
     }
@@ -151,5 +190,141 @@ fn plot_errors(rows: &[simulate::SweepRow], path: &Path) -> Result<()> {
     for (dname, svg) in charts::error_charts(rows).map_err(anyhow::Error::msg)? {
         charts::write_svg(&path.with_file_name(format!("{stem}-{dname}.svg")), &svg)?;
     }
+    Ok(())
+}
+
+/// `--inputs`: every plan on every saved all-reduce's inputs, measured and
+/// predicted.
+fn on_inputs(a: &SimulateArgs, path: &Path) -> Result<()> {
+    use equarx::numerics::check::{Checked, check};
+    use equarx::plan::{Config, Form, GatherForm, Grid};
+    let wanted = |name: &str| {
+        a.arrays.is_empty()
+            || a.arrays.iter().any(|w| match w.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == w,
+            })
+    };
+    let mut arrays: Vec<(String, crate::npz::Array)> =
+        crate::npz::read_some(path, wanted)?.into_iter().collect();
+    arrays.sort_by(|x, y| x.0.cmp(&y.0));
+    if arrays.is_empty() {
+        bail!("{}: holds no array that --arrays names", path.display());
+    }
+    let mut rows: Vec<(String, Checked)> = Vec::new();
+    for (name, (shape, values)) in &arrays {
+        let what = || format!("{}: array {name} {shape:?}", path.display());
+        let (Some(&ranks), true) = (shape.first(), shape.len() >= 2) else {
+            bail!(
+                "{}: an all-reduce's inputs are [ranks, elements...]",
+                what()
+            );
+        };
+        let ranks = ranks as usize;
+        if ranks < 2 {
+            bail!(
+                "{}: {ranks} rank(s); an all-reduce needs at least 2",
+                what()
+            );
+        }
+        let per = values.len() / ranks;
+        if per == 0 {
+            bail!("{}: no elements", what());
+        }
+        let take = a.max_elements.map_or(per, |m| m.min(per));
+        let inputs: Vec<Vec<f32>> = values
+            .chunks_exact(per)
+            .map(|r| r[..take].to_vec())
+            .collect();
+        let mut configs = Vec::new();
+        for &algorithm in &a.algorithms {
+            let grid = match algorithm {
+                Algorithm::TwoLevel => match Grid::balanced(ranks) {
+                    Some(g) => Some(g),
+                    None => continue,
+                },
+                _ => None,
+            };
+            for &rotation in &a.rotations {
+                for &format in &a.formats {
+                    for &block in &a.block_sizes {
+                        configs.push(Config {
+                            algorithm,
+                            grid,
+                            rotation,
+                            block,
+                            scale_type: a.scale_type,
+                            format,
+                            pipeline_depth: 1,
+                            bidirectional: true,
+                            gather: GatherForm::AllGather,
+                            form: Form::Loop,
+                        });
+                    }
+                }
+            }
+        }
+        let checked = check(&inputs, &configs)
+            .map_err(anyhow::Error::msg)
+            .with_context(what)?;
+        rows.extend(checked.into_iter().map(|c| (name.clone(), c)));
+    }
+    if a.json {
+        let out: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, c)| serde_json::json!({"array": name, "checked": c}))
+            .collect();
+        say!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    say!(
+        "relative RMS error against the exact sum, measured on {} arrays of {} and predicted from the prior and from each array's own statistics (what a profile holds)\n",
+        arrays.len(),
+        path.display()
+    );
+    use Align::{Left, Right};
+    let mut t = Columns::new(&[
+        ("array", Left),
+        ("algorithm", Left),
+        ("rotation", Left),
+        ("format", Left),
+        ("B", Right),
+        ("measured", Right),
+        ("profile", Right),
+        ("prior", Right),
+        ("profile/measured", Right),
+        ("prior/measured", Right),
+    ]);
+    let pct = |x: f64| format!("{:.3}%", x * 100.0);
+    for (name, c) in &rows {
+        t.row(vec![
+            name.clone(),
+            c.config.algorithm_label(),
+            c.config.rotation.to_string(),
+            c.config.format.to_string(),
+            c.config.block.to_string(),
+            pct(c.measured),
+            pct(c.profile),
+            pct(c.prior),
+            format!("{:.3}", c.profile / c.measured),
+            format!("{:.3}", c.prior / c.measured),
+        ]);
+    }
+    say_raw!("{}", t.render());
+    let within = rows
+        .iter()
+        .filter(|(_, c)| (c.profile / c.measured - 1.0).abs() <= 0.25)
+        .count();
+    let above = rows.iter().filter(|(_, c)| c.prior >= c.measured).count();
+    let (lo, hi) = rows
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), (_, c)| {
+            let r = c.profile / c.measured;
+            (lo.min(r), hi.max(r))
+        });
+    say!(
+        "\n{within} of {n} within ±25% from the profile (profile/measured {lo:.3}–{hi:.3}); prior ≥ measured for {above} of {n}",
+        n = rows.len()
+    );
     Ok(())
 }

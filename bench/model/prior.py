@@ -8,9 +8,11 @@ Each CAPTURE.npz is what `bench/model/run --capture` writes: every psum's
 per-device inputs of one TP run. For every op, equarx's own statistics
 (`equarx.op_stats`, the calibration's definition) give, per block size and
 rotation, the crest factor κ² = E[block absmax²] / E[square] of partial
-sums of k consecutive ranks, k = 1..T. The prior's κ² at a block size and
-rotation is the largest over every op and every k of every capture, so
-that the error model predicts at or above what these inputs err. `--out`
+sums of k consecutive ranks, k = 1..T, and per code format one
+quantization's relative error² E[(x − Q(x))²] / E[square] of the same
+partials. The prior's figures at a block size and rotation are the largest
+over every op and every k of every capture, so that the error model
+predicts at or above what these inputs err. `--out`
 writes it where the library reads it (core/src/numerics/prior.json, built
 in); the per-op figures go to `--json`.
 """
@@ -37,6 +39,7 @@ def main():
     a = ap.parse_args()
     per_op = []
     table = {}
+    rounding = {}
     for path in a.captures:
         z = np.load(path)
         meta = json.loads(str(z["meta"]))
@@ -50,6 +53,9 @@ def main():
                 entry["blocks"].append({"block": b["block"], "rotation": b["rotation"], "crest_sq": kappa})
                 key = (b["block"], b["rotation"])
                 table.setdefault(key, []).extend(kappa)
+                for r in b.get("rounding", []):
+                    rel = [e / m for e, m in zip(r["err_sq"], b["mean_sq"]) if m > 0]
+                    rounding.setdefault((r["format"],) + key, []).extend(rel)
             per_op.append(entry)
     blocks = sorted({k[0] for k in table})
     print("κ² of partial sums over %d ops (largest, mean), by block size and rotation" % len(per_op))
@@ -59,16 +65,32 @@ def main():
         un, rot = table[(b, "none")], table[(b, "hadamard")]
         print("%6d %9.2f (%7.2f) %9.2f (%7.2f)" % (b, max(un), np.mean(un), max(rot), np.mean(rot)))
         rows.append([b, round(float(max(un)), 3), round(float(max(rot)), 3)])
+    formats = sorted({k[0] for k in rounding})
+    rounding_rows = []
+    for f in formats:
+        print("one %s quantization's relative RMS error (largest, mean)" % f)
+        rel = []
+        for b in blocks:
+            un, rot = rounding[(f, b, "none")], rounding[(f, b, "hadamard")]
+            print("%6d %8.3f%% (%7.3f%%) %8.3f%% (%7.3f%%)" % (
+                b, 100 * max(un) ** 0.5, 100 * np.mean(un) ** 0.5,
+                100 * max(rot) ** 0.5, 100 * np.mean(rot) ** 0.5))
+            rel.append([b, float(max(un)), float(max(rot))])
+        rounding_rows.append({"format": f, "rel_sq": rel})
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    commit += "+dirty" if dirty else ""
     prior = {
         "source": "gemma-3-270m (Q4_K_M dequantized, bf16) tensor-parallel, %s, the largest κ² "
-                  "of %d all-reduces' partial sums" % (
+                  "and rounding errors of %d all-reduces' partial sums" % (
                       ", ".join("T=%d" % t for t in sorted({e["T"] for e in per_op})), len(per_op)),
         "command": "bench/model/prior.py " + " ".join(os.path.basename(c) for c in a.captures),
         "commit": commit,
         "date": datetime.date.today().isoformat(),
         "crest_sq": rows,
+        "rounding": rounding_rows,
     }
     if a.out:
         with open(a.out, "w") as f:

@@ -10,7 +10,7 @@
 //! keyed by the sites' [`OpKey`]s, which the pass computes the same way.
 
 use crate::ir::{DeviceCounts, Module};
-use crate::numerics::error::{BlockStats, OpStats};
+use crate::numerics::error::{BlockStats, OpStats, Rounding};
 use crate::numerics::profile::{Inputs, KeyMaker, OpKey, Profile, ProfiledOp, UnmeasuredOp};
 use crate::passes::quantize_collectives::eligibility::rewritable;
 use crate::passes::quantize_collectives::groups::{IdSpace, participants};
@@ -149,11 +149,16 @@ pub fn mean(all: &[OpStats]) -> Result<OpStats, String> {
                     && a.rotation == b.rotation
                     && a.absmax_sq.len() == b.absmax_sq.len()
                     && a.mean_sq.len() == b.mean_sq.len()
+                    && a.rounding.len() == b.rounding.len()
+                    && a.rounding
+                        .iter()
+                        .zip(&b.rounding)
+                        .all(|(x, y)| x.format == y.format && x.err_sq.len() == y.err_sq.len())
             })
     };
     if let Some(other) = all.iter().find(|s| !alike(s)) {
         return Err(format!(
-            "statistics of different shapes (group of {} with {} block entries, and of {} with {})",
+            "statistics of different shapes (group of {} with {} block entries, and of {} with {}, or other formats measured)",
             first.group_size,
             first.blocks.len(),
             other.group_size,
@@ -176,6 +181,12 @@ pub fn mean(all: &[OpStats]) -> Result<OpStats, String> {
             rotation: first.blocks[i].rotation,
             absmax_sq: avg(&|s| &s.blocks[i].absmax_sq),
             mean_sq: avg(&|s| &s.blocks[i].mean_sq),
+            rounding: (0..first.blocks[i].rounding.len())
+                .map(|f| Rounding {
+                    format: first.blocks[i].rounding[f].format,
+                    err_sq: avg(&|s| &s.blocks[i].rounding[f].err_sq),
+                })
+                .collect(),
         })
         .collect();
     Ok(OpStats {

@@ -53,6 +53,7 @@
 //!   included, dequantizes the same int8 codes and scales with the same
 //!   operation.
 
+pub mod check;
 pub mod error;
 pub mod profile;
 pub mod simulate;

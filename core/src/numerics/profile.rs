@@ -18,8 +18,10 @@
 //! then predicts with the prior and the report says so; a profile is never
 //! applied to an op it was not measured on.
 
-use super::error::{BlockStats, OpStats};
-use crate::plan::Rotation;
+use super::error::{BlockStats, OpStats, Rounding};
+use super::{block_scale, code};
+use crate::choice::Choice;
+use crate::plan::{Quant, QuantFormat, Rotation, ScaleType};
 
 /// Block sizes a profile measures (the error model interpolates nothing
 /// from a profile: a plan at another block size predicts with the prior).
@@ -68,23 +70,21 @@ fn block_stats(inputs: &[Vec<f32>], kind: Inputs, b: usize, rotation: Rotation) 
         Inputs::Moved => 1,
     };
     let whole = inputs[0].len() / b * b;
-    let (mut absmax_sq, mut mean_sq) = (vec![0.0; ks], vec![0.0; ks]);
+    let mut sums = vec![Moments::default(); ks];
     let mut partial = vec![0.0f64; whole];
     for start in 0..p {
         partial.iter_mut().for_each(|v| *v = 0.0);
-        for k in 0..ks {
+        for (k, sum) in sums.iter_mut().enumerate() {
             let x = &inputs[(start + k) % p];
             for (v, &y) in partial.iter_mut().zip(&x[..whole]) {
                 *v += f64::from(y);
             }
-            let (a, m) = moments(&partial, b, rotation);
-            absmax_sq[k] += a / p as f64;
-            mean_sq[k] += m / p as f64;
+            sum.add(&moments(&partial, b, rotation), 1.0 / p as f64);
         }
     }
     // Relative to the result's mean square: the complete sum's, or (moved
     // rows) the inputs'.
-    let s = mean_sq[ks - 1];
+    let s = sums[ks - 1].mean_sq;
     let scale = if s > 0.0 && s.is_finite() {
         1.0 / s
     } else {
@@ -93,21 +93,54 @@ fn block_stats(inputs: &[Vec<f32>], kind: Inputs, b: usize, rotation: Rotation) 
     BlockStats {
         block: b,
         rotation,
-        absmax_sq: absmax_sq.iter().map(|a| a * scale).collect(),
-        mean_sq: mean_sq.iter().map(|m| m * scale).collect(),
+        absmax_sq: sums.iter().map(|m| m.absmax_sq * scale).collect(),
+        mean_sq: sums.iter().map(|m| m.mean_sq * scale).collect(),
+        rounding: QuantFormat::ALL
+            .iter()
+            .enumerate()
+            .map(|(f, &format)| Rounding {
+                format,
+                err_sq: sums.iter().map(|m| m.err_sq[f] * scale).collect(),
+            })
+            .collect(),
     }
 }
 
-/// (mean over blocks of absmax², mean of squares) of `v` in blocks of `b`,
-/// each block rotated first when `rotation` says so (the orthonormal
-/// Hadamard transform, by its fast form: the same values as the pass's up
-/// to rounding, which statistics do not see). Non-finite values are left
-/// out of both.
-fn moments(v: &[f64], b: usize, rotation: Rotation) -> (f64, f64) {
+/// One partial's statistics: the mean over blocks of absmax², the mean
+/// square, and per format ([`QuantFormat::ALL`]'s order) the mean square
+/// of one quantization's error.
+#[derive(Clone, Default)]
+struct Moments {
+    absmax_sq: f64,
+    mean_sq: f64,
+    err_sq: [f64; QuantFormat::ALL.len()],
+}
+
+impl Moments {
+    fn add(&mut self, m: &Moments, weight: f64) {
+        self.absmax_sq += weight * m.absmax_sq;
+        self.mean_sq += weight * m.mean_sq;
+        for (a, b) in self.err_sq.iter_mut().zip(&m.err_sq) {
+            *a += weight * b;
+        }
+    }
+}
+
+/// [`Moments`] of `v` in blocks of `b`, each block rotated first when
+/// `rotation` says so (the orthonormal Hadamard transform, by its fast
+/// form: the same values as the pass's up to rounding, which statistics do
+/// not see). Non-finite values are left out of the absmax and the mean
+/// square, and blocks that hold one out of the rounding error (their
+/// dequantized values are NaN, an error no statistic describes). Codes
+/// are taken as the pass takes them, with f32 scales.
+fn moments(v: &[f64], b: usize, rotation: Rotation) -> Moments {
     let rotate = rotation == Rotation::Hadamard && b.is_power_of_two();
     let norm = 1.0 / (b as f64).sqrt();
     let (mut amax, mut sq, mut blocks, mut count) = (0.0f64, 0.0f64, 0usize, 0usize);
+    let mut err = [0.0f64; QuantFormat::ALL.len()];
+    let mut err_count = 0usize;
     let mut buf = vec![0.0f64; b];
+    let mut narrow = vec![0.0f32; b];
     for block in v.chunks_exact(b) {
         buf.copy_from_slice(block);
         if rotate {
@@ -115,20 +148,52 @@ fn moments(v: &[f64], b: usize, rotation: Rotation) -> (f64, f64) {
             buf.iter_mut().for_each(|x| *x *= norm);
         }
         let mut m = 0.0f64;
+        let mut finite = true;
         for &x in &buf {
             if x.is_finite() {
                 m = m.max(x.abs());
                 sq += x * x;
                 count += 1;
+            } else {
+                finite = false;
             }
         }
         amax += m * m;
         blocks += 1;
+        if finite {
+            for (n, &x) in narrow.iter_mut().zip(&buf) {
+                *n = x as f32;
+            }
+            for (e, &format) in err.iter_mut().zip(QuantFormat::ALL) {
+                let quant = Quant {
+                    format,
+                    scale: ScaleType::F32,
+                };
+                let scale = block_scale(&narrow, quant);
+                let recip = 1.0 / scale;
+                for &x in &narrow {
+                    let d = f64::from(x) - f64::from(code(x, recip, format) * scale);
+                    *e += d * d;
+                }
+            }
+            err_count += b;
+        }
     }
     if blocks == 0 || count == 0 {
-        return (0.0, 0.0);
+        return Moments::default();
     }
-    (amax / blocks as f64, sq / count as f64)
+    let per = |e: f64| {
+        if err_count == 0 {
+            0.0
+        } else {
+            e / err_count as f64
+        }
+    };
+    Moments {
+        absmax_sq: amax / blocks as f64,
+        mean_sq: sq / count as f64,
+        err_sq: err.map(per),
+    }
 }
 
 /// The unnormalized Walsh–Hadamard transform of `x` (length a power of

@@ -6,7 +6,7 @@
 //! emitter writes them: the same chunks, lanes and blocks, the same hop
 //! order (the chunk that rank `j` ends up owning starts at rank `j + dir`
 //! of its axis and picks up one contribution per hop, the owner's last), the
-//! exchange's sum in rank order, the same quantize and dequantize
+//! exchange's sum of halves ([`pairwise_sum`]), the same quantize and dequantize
 //! ([`super::quantize_block`]), the same rotation ([`super::rotate_block`],
 //! [`super::dequantize_rotated`]), f32 accumulation. Whether a backend
 //! contracts a dequantize-multiply and add into one fused multiply-add is
@@ -184,7 +184,7 @@ pub fn run(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<Vec<f32>> {
     for phase in &plan.phases {
         match *phase {
             Phase::Ring { axis } => ring_phase(&mut held, axis, plan, fma),
-            Phase::Exchange { axis } => exchange_phase(&mut held, axis, b, st, fma),
+            Phase::Exchange { axis } => exchange_phase(&mut held, axis, b, st),
             Phase::Gather => {
                 let all: Vec<f32> = (0..p)
                     .flat_map(|t| {
@@ -276,24 +276,45 @@ fn ring_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, plan: &Plan, fma: 
 }
 
 /// The exchange: every member's copy quantized once, and the owner's sum
-/// of their dequantized values in rank order.
-fn exchange_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, b: usize, st: Quant, fma: bool) {
+/// of their dequantized values as the emitter adds them ([`pairwise_sum`]).
+/// The products of codes and scales are rounded first: a fused
+/// multiply-add would not change them where they are exact (bf16 scales).
+fn exchange_phase(held: &mut [Vec<Option<Vec<f32>>>], axis: Axis, b: usize, st: Quant) {
     reduce_phase(held, axis, |r, t, before| {
-        let own = before[r][t].as_ref().map_or(0, Vec::len);
-        let mut sum = vec![0.0f32; own];
-        for k in 0..axis.size {
-            let from = before[with_coordinate(r, axis, k)][t]
-                .as_ref()
-                .expect("held");
-            for (blk, acc) in from.chunks(b).zip(sum.chunks_mut(b)) {
-                let (q, s) = quantize_block(blk, st);
-                for (a, &c) in acc.iter_mut().zip(&q) {
-                    *a = if fma { c.mul_add(s, *a) } else { *a + c * s };
-                }
+        let rows: Vec<Vec<f32>> = (0..axis.size)
+            .map(|k| {
+                let from = before[with_coordinate(r, axis, k)][t]
+                    .as_ref()
+                    .expect("held");
+                from.chunks(b)
+                    .flat_map(|blk| {
+                        let (q, s) = quantize_block(blk, st);
+                        q.into_iter().map(move |c| c * s)
+                    })
+                    .collect()
+            })
+            .collect();
+        pairwise_sum(rows)
+    });
+}
+
+/// The sum of rows in the emitter's order: the first half plus the second,
+/// row by row, an odd row carried to the next round, until one is left.
+/// A `reduce`'s order would be the backend's (XLA:CPU hands large ones to
+/// YNNPACK, which reassociates); these adds fix it on every backend.
+pub fn pairwise_sum(mut rows: Vec<Vec<f32>>) -> Vec<f32> {
+    while rows.len() > 1 {
+        let h = rows.len() / 2;
+        let carry = (rows.len() % 2 == 1).then(|| rows.pop().expect("odd"));
+        let right = rows.split_off(h);
+        for (l, r) in rows.iter_mut().zip(&right) {
+            for (a, &b) in l.iter_mut().zip(r) {
+                *a += b;
             }
         }
-        sum
-    });
+        rows.extend(carry);
+    }
+    rows.pop().unwrap_or_default()
 }
 
 /// One hop: quantize `part`, dequantize it at the receiver, add `own`.

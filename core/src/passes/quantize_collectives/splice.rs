@@ -20,8 +20,6 @@ pub struct Reducers {
     pub max_s32: CompId,
     /// The or of s32 values: a scale's bytes put back together.
     pub or_s32: CompId,
-    /// The sum of f32 values: the exchange's owner sums what it received.
-    pub add_f32: CompId,
 }
 
 impl Reducers {
@@ -34,7 +32,6 @@ impl Reducers {
                 PrimitiveType::S32,
             ),
             or_s32: module.add_scalar_reducer("equarx_or_s32", Opcode::Or, PrimitiveType::S32),
-            add_f32: module.add_scalar_reducer("equarx_add_f32", Opcode::Add, PrimitiveType::F32),
         }
     }
 }
@@ -119,7 +116,6 @@ pub fn splice(
             results: &results,
             max_s32: reducers.max_s32,
             or_s32: reducers.or_s32,
-            add_f32: reducers.add_f32,
             async_permutes: c.done.is_some(),
             stage,
             dimension: c.dimension,

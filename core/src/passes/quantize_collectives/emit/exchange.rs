@@ -4,23 +4,43 @@
 
 use super::{Emitter, dim};
 use crate::ir::builder::Value;
+use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Rotation};
 
 impl Emitter<'_, '_, '_> {
     /// Reduce-scatter over the whole group by one all-to-all: every slice
-    /// quantized once, the owner's sum of the dequantized slices in rank
-    /// order. `held` is `[P, c]`; returns f32 `[c]`.
+    /// quantized once, the owner's sum of the dequantized slices. `held` is
+    /// `[P, c]`; returns f32 `[c]`.
+    ///
+    /// The sum is adds of halves (`numerics::simulate::pairwise_sum`, about
+    /// 3·log₂P instructions), not a `reduce`: a reduce's order is the
+    /// backend's (XLA:CPU hands large ones to YNNPACK, which reassociates),
+    /// and where the codes' sums are not exact (fp8's, f32 scales') the
+    /// result would then hang on it; the adds fix the order the simulator
+    /// follows on every backend.
     pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
         let plan = self.plan();
         debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
         let (p, c) = (plan.group_size as i64, plan.chunk as i64);
         let received = self.send_rows(held);
         let values = self.dequantize(&received);
-        let values = self.b.reshape(&values, &[p, c]);
-        let zero = self.f32c(0.0);
-        self.b.reduce(&values, &zero, &[0], self.inputs.add_f32)
+        let mut rows = self.b.reshape(&values, &[p, c]);
+        let mut n = p;
+        while n > 1 {
+            let h = n / 2;
+            let left = self.b.slice(&rows, &[0, 0], &[h, c]);
+            let right = self.b.slice(&rows, &[h, 0], &[2 * h, c]);
+            let mut sum = self.b.binary(Opcode::Add, &left, &right);
+            if n % 2 == 1 {
+                let carry = self.b.slice(&rows, &[2 * h, 0], &[n, c]);
+                sum = self.b.concatenate(&[sum, carry], 0);
+            }
+            rows = sum;
+            n = h + n % 2;
+        }
+        self.b.reshape(&rows, &[c])
     }
 
     /// Every row of `held` (`[P, c]`) quantized once, row k sent to rank k;

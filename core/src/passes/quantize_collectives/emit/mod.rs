@@ -53,7 +53,6 @@ pub struct EmitInputs<'a> {
     /// Scalar s32 `maximum` and `or`, and f32 `add` computations.
     pub max_s32: CompId,
     pub or_s32: CompId,
-    pub add_f32: CompId,
     /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
     pub async_permutes: bool,
     /// Where in XLA's pipeline the module is: past its fusion, XLA will not
