@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod inputs;
 pub mod modules;
 pub mod normalize;
 pub mod random_modules;

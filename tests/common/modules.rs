@@ -1,41 +1,20 @@
 //! Test modules: fixtures, and variants of them made by editing the proto
-//! (other group encodings and modes, async pairs, other sizes, negative
-//! twins). Shared by the real-XLA runs and the snapshots.
+//! (other group encodings and counts, other sizes, frontend attributes),
+//! for the tests that are not case files (`tests/cases/` holds those as
+//! text).
 
 use equarx::ir::shape;
-use equarx::plan::{Algorithm, Rotation};
 use equarx::proto::hlo_instruction_proto::ReplicaGroupList;
 use equarx::proto::{
     CollectiveDeviceListProto, DeviceAssignmentProto, HloInstructionProto, HloModuleProto,
     IotaReplicaGroupListProto, ReplicaGroup, ShapeProto,
     device_assignment_proto::ComputationDevice,
 };
-use equarx::{Options, RewriteOptions};
 
 pub fn load(name: &str) -> HloModuleProto {
     equarx::io::decode(&super::fixture(name), None)
         .expect("fixture decodes")
         .module
-}
-
-/// Test options: every eligible all-reduce is rewritten (small fixtures
-/// would not pay on a real machine) by the paper's ring, unrotated, with
-/// one lane, one way round (the shortest text; the cases about algorithms,
-/// rotation, lanes and directions set them).
-pub fn opts(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
-    let mut o = Options {
-        min_payload_bytes: Some(0),
-        pipeline_depth: 1,
-        bidirectional: false,
-        algorithm: Some(Algorithm::Ring),
-        rotation: Some(Rotation::None),
-        ..Options::default()
-    };
-    edit(&mut o);
-    RewriteOptions {
-        pass: o,
-        ..RewriteOptions::default()
-    }
 }
 
 pub fn all_reduces(m: &mut HloModuleProto) -> impl Iterator<Item = &mut HloInstructionProto> {
@@ -69,43 +48,6 @@ pub fn with_counts(m: &mut HloModuleProto, replicas: usize, partitions: usize) {
             })
             .collect(),
     });
-}
-
-/// Turns every all-reduce into an `all-reduce-start` / `all-reduce-done` pair.
-pub fn make_async(m: &mut HloModuleProto) {
-    for c in &mut m.computations {
-        let Some(pos) = c.instructions.iter().position(|i| i.opcode == "all-reduce") else {
-            continue;
-        };
-        let start_id = c.instructions[pos].id;
-        c.instructions[pos].opcode = "all-reduce-start".into();
-        let max_local = c
-            .instructions
-            .iter()
-            .map(|i| i.id & 0xffff_ffff)
-            .max()
-            .unwrap();
-        let done = HloInstructionProto {
-            name: format!("{}.done", c.instructions[pos].name),
-            opcode: "all-reduce-done".into(),
-            shape: c.instructions[pos].shape.clone(),
-            id: (c.id << 32) | (max_local + 1),
-            operand_ids: vec![start_id],
-            ..Default::default()
-        };
-        let done_id = done.id;
-        for i in &mut c.instructions {
-            for op in &mut i.operand_ids {
-                if *op == start_id {
-                    *op = done_id;
-                }
-            }
-        }
-        if c.root_id == start_id {
-            c.root_id = done_id;
-        }
-        c.instructions.insert(pos + 1, done);
-    }
 }
 
 pub fn iota(groups: i64, size: i64, dims: &[i64], perm: &[i32]) -> Option<ReplicaGroupList> {
@@ -144,53 +86,6 @@ pub fn resized(mut m: HloModuleProto, from: &[i64], to: &[i64]) -> HloModuleProt
     if let Some(ps) = &mut m.host_program_shape {
         ps.parameters.iter_mut().for_each(|p| grow(p, from, to));
         ps.result.iter_mut().for_each(|r| grow(r, from, to));
-    }
-    m
-}
-
-/// Every array of element type `from` becomes `to` (the whole program).
-pub fn retyped(mut m: HloModuleProto, from: i32, to: i32) -> HloModuleProto {
-    fn fix(s: &mut ShapeProto, from: i32, to: i32) {
-        if s.element_type == from {
-            s.element_type = to;
-        }
-        s.tuple_shapes.iter_mut().for_each(|t| fix(t, from, to));
-    }
-    for c in &mut m.computations {
-        for i in &mut c.instructions {
-            if let Some(s) = i.shape.as_mut() {
-                fix(s, from, to);
-            }
-        }
-        if let Some(ps) = &mut c.program_shape {
-            ps.parameters.iter_mut().for_each(|p| fix(p, from, to));
-            ps.result.iter_mut().for_each(|r| fix(r, from, to));
-        }
-    }
-    if let Some(ps) = &mut m.host_program_shape {
-        ps.parameters.iter_mut().for_each(|p| fix(p, from, to));
-        ps.result.iter_mut().for_each(|r| fix(r, from, to));
-    }
-    m
-}
-
-/// The reduction computations' `add` becomes `opcode`.
-pub fn with_reducer(mut m: HloModuleProto, opcode: &str) -> HloModuleProto {
-    let reducers: Vec<i64> = m
-        .computations
-        .iter()
-        .flat_map(|c| &c.instructions)
-        .filter(|i| i.opcode.starts_with("all-reduce") || i.opcode == "reduce-scatter")
-        .flat_map(|i| i.called_computation_ids.clone())
-        .collect();
-    for c in m
-        .computations
-        .iter_mut()
-        .filter(|c| reducers.contains(&c.id))
-    {
-        for i in c.instructions.iter_mut().filter(|i| i.id == c.root_id) {
-            i.opcode = opcode.into();
-        }
     }
     m
 }
