@@ -51,8 +51,12 @@ impl Kind {
 enum Mode {
     /// No channel id: replica ids.
     CrossReplica,
-    /// Channel id, no `use_global_device_ids`: partition ids.
+    /// Channel id on an all-to-all (which has no `use_global_device_ids`):
+    /// partition ids.
     CrossPartition,
+    /// Channel id, `use_global_device_ids` false, on the ops that have it:
+    /// replica ids, each group spanning every partition of its replicas.
+    CrossReplicaAndPartition,
     /// Channel id and `use_global_device_ids=true`: flattened ids.
     Flattened,
 }
@@ -125,13 +129,20 @@ fn divisors(n: i64) -> Vec<i64> {
 }
 
 fn groups(u: &mut Unstructured, replicas: i64, partitions: i64, kind: Kind) -> Result<Groups> {
-    let mut mode = *u.choose(&[Mode::Flattened, Mode::CrossPartition, Mode::CrossReplica])?;
-    // All-to-all has no use_global_device_ids.
+    // What a channel id without global ids means depends on the op (as in
+    // XLA): all-to-all has no use_global_device_ids and is cross-partition;
+    // the others are cross-replica-and-partition.
+    let channel_mode = if kind == Kind::AllToAll {
+        Mode::CrossPartition
+    } else {
+        Mode::CrossReplicaAndPartition
+    };
+    let mut mode = *u.choose(&[Mode::Flattened, channel_mode, Mode::CrossReplica])?;
     if kind == Kind::AllToAll && mode == Mode::Flattened {
         mode = Mode::CrossPartition;
     }
     let space = match mode {
-        Mode::CrossReplica => replicas,
+        Mode::CrossReplica | Mode::CrossReplicaAndPartition => replicas,
         Mode::CrossPartition => partitions,
         Mode::Flattened => replicas * partitions,
     };
@@ -181,6 +192,13 @@ fn groups(u: &mut Unstructured, replicas: i64, partitions: i64, kind: Kind) -> R
     if mode == Mode::Flattened {
         attrs.push_str(", use_global_device_ids=true");
     }
+    // The participants of one group: a cross-replica-and-partition group
+    // holds its replicas' every partition.
+    let size = if mode == Mode::CrossReplicaAndPartition {
+        size * partitions
+    } else {
+        size
+    };
     Ok(Groups {
         attrs,
         channel: mode != Mode::CrossReplica,
