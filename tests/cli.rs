@@ -379,38 +379,47 @@ fn a_code_format_given_to_format_points_to_quant_format() {
 
 /// `-o x.txt` and `-o x.txt.gz` hold the same text, the device counts the
 /// options set included (the gzip path once printed the input's counts,
-/// and printed the text twice).
+/// and printed the text twice): the input's own counts, and counts that
+/// differ from the input's (1 x 8 there).
 #[test]
 fn text_and_gzipped_text_hold_the_same_module() {
     let dir = scratch("cli_txt_gz");
-    let (plain, gz) = (dir.join("out.txt"), dir.join("out.txt.gz"));
-    for out in [&plain, &gz] {
-        run(&[
-            "rewrite",
-            &fixture("psum_bf16_p8.pb"),
-            "-o",
-            out.to_str().unwrap(),
-            "--min-payload",
-            "0",
-            "--replica-count",
-            "1",
-            "--num-partitions",
-            "8",
-        ]);
+    for (replicas, partitions) in [("1", "8"), ("2", "4")] {
+        let plain = dir.join(format!("out{replicas}x{partitions}.txt"));
+        let gz = dir.join(format!("out{replicas}x{partitions}.txt.gz"));
+        for out in [&plain, &gz] {
+            run(&[
+                "rewrite",
+                &fixture("psum_bf16_p8.pb"),
+                "-o",
+                out.to_str().unwrap(),
+                "--min-payload",
+                "0",
+                "--replica-count",
+                replicas,
+                "--num-partitions",
+                partitions,
+            ]);
+        }
+        let text = std::fs::read_to_string(&plain).unwrap();
+        let mut inflated = String::new();
+        use std::io::Read;
+        flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap())
+            .read_to_string(&mut inflated)
+            .unwrap();
+        assert_eq!(text, inflated, "the .txt.gz text differs from the .txt");
+        assert!(
+            text.starts_with("HloModule") && text.matches("HloModule").count() == 1,
+            "one module: {}",
+            &text[..200.min(text.len())]
+        );
+        let header = text.lines().next().unwrap();
+        assert!(
+            header.contains(&format!("num_partitions={partitions}"))
+                && (replicas == "1" || header.contains(&format!("replica_count={replicas}"))),
+            "{replicas} x {partitions}: {header}"
+        );
     }
-    let text = std::fs::read_to_string(&plain).unwrap();
-    let mut inflated = String::new();
-    use std::io::Read;
-    flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap())
-        .read_to_string(&mut inflated)
-        .unwrap();
-    assert_eq!(text, inflated, "the .txt.gz text differs from the .txt");
-    assert!(
-        text.starts_with("HloModule") && text.matches("HloModule").count() == 1,
-        "one module: {}",
-        &text[..200.min(text.len())]
-    );
-    assert!(text.lines().next().unwrap().contains("num_partitions=8"));
 }
 
 /// A slice shape with a zero dimension, or more chips than any machine

@@ -20,7 +20,8 @@
 //!
 //! A sample of six eligible cases also runs in real XLA (one batch): exact
 //! sum within the error bound, bit-identical replicas, and the bit-exact
-//! simulator where it applies.
+//! simulator where it applies. The other collectives (reduce-scatter,
+//! all-gather, all-to-all) have their own: `tests/collective_properties.rs`.
 
 mod common;
 

@@ -564,3 +564,37 @@ impl Module {
             .find_map(|c| c.get(id).map(|i| (c.id(), i)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replacement chain longer than any fixed bound (the old one cut
+    /// chains at 16 and left the use on the 17th link) resolves to its end.
+    #[test]
+    fn a_long_replacement_chain_resolves_to_its_end() {
+        const LINKS: usize = 40;
+        let mut text = String::from(
+            "HloModule chain\n\nENTRY %main (p: f32[4]) -> (f32[4]) {\n  %p = f32[4] parameter(0)\n",
+        );
+        for k in 0..LINKS {
+            text.push_str(&format!("  %n{k} = f32[4] negate(%p)\n"));
+        }
+        text.push_str("  ROOT %r = (f32[4]) tuple(%n0)\n}\n");
+        let mut m = Module::from_proto(crate::text::parse(&text).unwrap().proto);
+        let entry = m.entry_id();
+        let id = |m: &Module, name: &str| {
+            let c = m.computation(entry).unwrap();
+            InstrId(c.instructions().iter().find(|i| i.name == name).unwrap().id)
+        };
+        let mut edits = Edits::default();
+        for k in 0..LINKS - 1 {
+            let (from, to) = (id(&m, &format!("n{k}")), id(&m, &format!("n{}", k + 1)));
+            edits.replace.insert(from, to);
+        }
+        m.apply(entry, edits);
+        let c = m.computation(entry).unwrap();
+        let root = c.instructions().iter().find(|i| i.name == "r").unwrap();
+        assert_eq!(root.operand_ids, vec![id(&m, &format!("n{}", LINKS - 1)).0]);
+    }
+}

@@ -3,7 +3,7 @@
 //! Other forms are not modelled.
 
 use super::Op;
-use crate::ir::groups::ReplicaGroups;
+use crate::ir::groups::{GroupMode, ReplicaGroups};
 use crate::ir::opcode::Opcode;
 use crate::ir::shape::{self, is_tuple};
 use crate::proto::ShapeProto;
@@ -54,6 +54,12 @@ pub(super) fn infer(op: &Op) -> Result<Option<ShapeProto>, String> {
             let Some(n) = groups.uniform_size() else {
                 return Ok(None); // empty groups: the size depends on the config
             };
+            if GroupMode::of(op.instr) == GroupMode::CrossReplicaAndPartition {
+                // A group of replicas spans all their partitions: the size
+                // is n times the partition count, which the module's
+                // config holds, not the op (XLA's verifier multiplies).
+                return Ok(None);
+            }
             let d = op.instr.dimensions.first().copied().unwrap_or(-1);
             if d < 0 || d as usize >= x.dimensions.len() {
                 return Err(format!("all-gather dimension {d} out of range"));

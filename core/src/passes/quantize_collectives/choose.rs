@@ -239,11 +239,12 @@ pub fn choose_plan(
         }
     }
     if scored.is_empty() {
-        // Every configuration was planned and refused: say the first
-        // reason (there was at least one configuration).
-        return Err(SkipReason::Plan(
-            first_error.unwrap_or(PlanError::NoGrid(p)),
-        ));
+        // Every configuration was planned and refused (there was at least
+        // one, checked above, so there is a first reason): say it.
+        let Some(e) = first_error else {
+            unreachable!("no configuration planned, yet none was refused")
+        };
+        return Err(SkipReason::Plan(e));
     }
     let most_exact = |scored: &[Scored]| {
         scored
@@ -332,5 +333,27 @@ fn describe_config(c: &Config) -> String {
     match c.rotation {
         Rotation::None => c.algorithm_label(),
         Rotation::Hadamard => format!("{} + hadamard", c.algorithm_label()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tuple of several types costs its exact bytes: bf16[3] and f32[1]
+    /// are 10 bytes over 4 elements, 2.5 each. An integer average (2)
+    /// would undercount the f32 operand in the cost model's memory terms,
+    /// which multiply it by element counts.
+    #[test]
+    fn a_mixed_type_tuple_averages_its_bytes_exactly() {
+        let p = Payload {
+            collective: Collective::AllReduce,
+            elements: 4,
+            row: None,
+            bytes: 3 * 2 + 4,
+            mantissa_bits: 7,
+        };
+        assert_eq!(p.element_bytes(), 2.5);
+        assert_eq!(p.element_bytes() * p.elements as f64, p.bytes as f64);
     }
 }

@@ -252,6 +252,32 @@ fn shape_rules(
             dims[d as usize]
         ));
     }
+    // The result must be what the groups make of the operand: the group
+    // size decides it, and the verifier cannot check that for every group
+    // mode and device count (a cross-replica-and-partition group spans the
+    // partitions too). A result of another size is not one this rewrite
+    // can produce; XLA would refuse the module.
+    let mut want = dims.to_vec();
+    match collective {
+        Collective::ReduceScatter => want[d as usize] /= p as i64,
+        Collective::AllGather => want[d as usize] *= p as i64,
+        _ => {}
+    }
+    let result = instr.shape.as_ref().and_then(|s| {
+        if s.tuple_shapes.is_empty() {
+            Some(s)
+        } else {
+            // all-gather-start: (operand, result).
+            s.tuple_shapes.get(1)
+        }
+    });
+    let got = result.map(|s| s.dimensions.to_vec()).unwrap_or_default();
+    if got != want {
+        return unsupported(format!(
+            "{op} result dimensions {got:?} are not {want:?}, what a group of {p} makes of \
+             its operand {dims:?}"
+        ));
+    }
     Ok(Some(d))
 }
 

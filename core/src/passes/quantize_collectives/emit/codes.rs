@@ -3,7 +3,7 @@
 //! int4 (two codes to a byte). The arithmetic is the contract of
 //! [`crate::numerics`], op for op.
 
-use super::{Const, Emitter, dim, float_type};
+use super::{Const, Emitter, float_type};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::numerics::{absmax_floor, hadamard_norm, inv_qmax, scale_mantissa_bits};
@@ -15,7 +15,7 @@ impl Emitter<'_, '_, '_> {
     /// f32 `[nb, B]` blocks → s8 `[nb, code bytes + scale bytes]`
     /// messages (code bytes: B, or B/2 for int4).
     pub(super) fn quantize(&mut self, blocks: &Value) -> Value {
-        let nb = dim(blocks, 0);
+        let nb = self.dim(blocks, 0);
         let bl = self.plan().block() as i64;
         let format = self.plan().config.format;
         // The block absmax, +Inf for a block that holds a NaN or an Inf (the
@@ -76,7 +76,7 @@ impl Emitter<'_, '_, '_> {
     /// s8 `[nb, B]` codes in [-7, 7] → s8 `[nb, B/2]`, two to a byte: code
     /// 2k in the low nibble, code 2k+1 in the high one.
     pub(super) fn pack_int4(&mut self, codes: &Value) -> Value {
-        let (nb, bl) = (dim(codes, 0), dim(codes, 1));
+        let (nb, bl) = (self.dim(codes, 0), self.dim(codes, 1));
         let pairs = self.b.reshape(codes, &[nb, bl / 2, 2]);
         let low = self.b.slice(&pairs, &[0, 0, 0], &[nb, bl / 2, 1]);
         let high = self.b.slice(&pairs, &[0, 0, 1], &[nb, bl / 2, 2]);
@@ -91,7 +91,7 @@ impl Emitter<'_, '_, '_> {
     /// The inverse of [`Self::pack_int4`]: s8 `[nb, B/2]` → s8 `[nb, B]`,
     /// each nibble sign-extended by arithmetic shifts.
     pub(super) fn unpack_int4(&mut self, bytes: &Value) -> Value {
-        let (nb, half) = (dim(bytes, 0), dim(bytes, 1));
+        let (nb, half) = (self.dim(bytes, 0), self.dim(bytes, 1));
         let four = self.splat(Const::S8(4), &[nb, half]);
         let up = self.b.binary(Opcode::ShiftLeft, bytes, &four);
         let low = self.b.binary(Opcode::ShiftRightArithmetic, &up, &four);
@@ -155,7 +155,7 @@ impl Emitter<'_, '_, '_> {
     /// by a reduction over the `width` of them (a small one: `nb · width`
     /// values, against the block's B codes).
     pub(super) fn unpack_scales(&mut self, scale_bytes: &Value) -> Value {
-        let nb = dim(scale_bytes, 0);
+        let nb = self.dim(scale_bytes, 0);
         // Bytes as u8, so that widening them fills with zeros.
         let bytes = self.b.bitcast_convert(scale_bytes, PrimitiveType::U8);
         let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
@@ -169,7 +169,7 @@ impl Emitter<'_, '_, '_> {
     /// s8 `[nb, code bytes + width]` messages → their codes as f32 values
     /// (`[nb, B]`) and scales (f32 `[nb]`).
     pub(super) fn split(&mut self, message: &Value) -> (Value, Value) {
-        let nb = dim(message, 0);
+        let nb = self.dim(message, 0);
         let plan = self.plan();
         let code_bytes = (plan.block() * plan.config.format.bits() / 8) as i64;
         let width = plan.scale_type().bytes() as i64;
@@ -183,7 +183,7 @@ impl Emitter<'_, '_, '_> {
 
     /// s8 messages → f32 `[nb, B]` values.
     pub(super) fn dequantize(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (dim(message, 0), self.plan().block() as i64);
+        let (nb, bl) = (self.dim(message, 0), self.plan().block() as i64);
         let (codes, scale) = self.split(message);
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
         self.b.multiply(&codes, &scale)
@@ -192,7 +192,7 @@ impl Emitter<'_, '_, '_> {
     /// Messages of rotated blocks → the values rotated back:
     /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
     pub(super) fn dequantize_rotated(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (dim(message, 0), self.plan().block() as i64);
+        let (nb, bl) = (self.dim(message, 0), self.plan().block() as i64);
         let (codes, scale) = self.split(message);
         let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);

@@ -2,7 +2,7 @@
 //! once and sent to the rank it belongs to by one all-to-all; the
 //! exchange's owner sums what arrives in f32.
 
-use super::{Emitter, dim};
+use super::Emitter;
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
@@ -57,7 +57,7 @@ impl Emitter<'_, '_, '_> {
         let blocks = self.b.reshape(held, &[p * nb, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
-        let width = dim(&message, 1);
+        let width = self.dim(&message, 1);
         // Rank 2, split along the major dimension: the array form every
         // backend runs without decomposing it first (the pre-scheduler
         // hook comes after XLA's all-to-all decomposer).

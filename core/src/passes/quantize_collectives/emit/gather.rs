@@ -2,7 +2,7 @@
 //! by one all-gather or by P−1 relays round the ring; every rank, the owner
 //! included, dequantizes the same codes.
 
-use super::{Emitter, Step, dim};
+use super::{Emitter, Step};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::ir::shape;
@@ -21,7 +21,7 @@ impl Emitter<'_, '_, '_> {
         let blocks = self.b.reshape(owned, &[nb, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
-        let width = dim(&message, 1);
+        let width = self.dim(&message, 1);
         let all = match plan.config.gather {
             GatherForm::AllGather => {
                 let row = self.b.reshape(&message, &[1, nb * width]);

@@ -150,8 +150,10 @@ struct Emitter<'b, 'm, 'i> {
     splats: HashMap<(Const, Vec<i64>), Value>,
     /// (a − dir·k) mod Q, by (a, Q, dir, k), for constant k.
     indices: HashMap<(InstrId, i64, i64, i64), Value>,
-    /// The axis coordinates of this device, by axis (stride, size).
-    coordinates: HashMap<(usize, usize), Value>,
+    /// The axis coordinates of this device, by its rank's value and the
+    /// axis (stride, size): everything a coordinate is computed from (the
+    /// group size is the plan's, one per emitter).
+    coordinates: HashMap<(InstrId, usize, usize), Value>,
     /// [`Self::byte_shifts`], by block count.
     shifts: HashMap<i64, Value>,
     /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
@@ -183,6 +185,23 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
 
     fn plan(&self) -> &'i Plan {
         self.inputs.plan
+    }
+
+    /// Dimension `k` of `v`. The emitter's values have the ranks it made
+    /// them with; one without dimension `k` is an inconsistency the rewrite
+    /// fails on (the builder reports the first), and 1 keeps the arithmetic
+    /// going until it does.
+    fn dim(&mut self, v: &Value, k: usize) -> i64 {
+        match v.dims().get(k) {
+            Some(&d) => d,
+            None => {
+                self.b.fail(format!(
+                    "an emitted value of dimensions {:?} has no dimension {k}",
+                    v.dims()
+                ));
+                1
+            }
+        }
     }
 
     fn f32(&mut self, x: &Value) -> Value {
@@ -302,13 +321,6 @@ fn float_type(format: QuantFormat) -> Option<PrimitiveType> {
         QuantFormat::Fp8E5m2 => Some(PrimitiveType::F8e5m2),
         QuantFormat::Int8 | QuantFormat::Int4 => None,
     }
-}
-
-/// Dimension `k` of `v`, or 0 if it has none: a value of a builder that
-/// met an inconsistency has no dimensions, and the builder reports the
-/// inconsistency when it finishes.
-fn dim(v: &Value, k: usize) -> i64 {
-    v.dims().get(k).copied().unwrap_or(0)
 }
 
 /// Whether every operand holds bf16 values (bf16, or f32 that equarx reads

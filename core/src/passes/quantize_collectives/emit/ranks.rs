@@ -28,7 +28,7 @@ impl Emitter<'_, '_, '_> {
 
     /// This device's coordinate on `axis`: (r / stride) mod size.
     pub(super) fn coordinate(&mut self, rank: &Value, axis: Axis) -> Value {
-        if let Some(v) = self.coordinates.get(&(axis.stride, axis.size)) {
+        if let Some(v) = self.coordinates.get(&(rank.id, axis.stride, axis.size)) {
             return v.clone();
         }
         let p = self.plan().group_size;
@@ -41,7 +41,8 @@ impl Emitter<'_, '_, '_> {
             let size = self.s32c(axis.size as i64);
             v = self.b.binary(Opcode::Remainder, &v, &size);
         }
-        self.coordinates.insert((axis.stride, axis.size), v.clone());
+        self.coordinates
+            .insert((rank.id, axis.stride, axis.size), v.clone());
         v
     }
 
