@@ -22,6 +22,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
+use common::layouts::{Layout, exact, simulated};
 use common::{Rng, outputs, rel_rms, run_xla, scratch, write_inputs};
 use equarx::numerics::error::rel_rms_with_crest;
 use equarx::numerics::simulate;
@@ -79,6 +80,16 @@ struct Case {
     groups: Groups,
     options: Options,
     seed: u64,
+}
+
+impl Case {
+    fn layout(&self) -> Layout {
+        Layout {
+            collective: self.collective,
+            dims: self.dims.clone(),
+            dim: self.dim,
+        }
+    }
 }
 
 impl Case {
@@ -312,122 +323,6 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-/// Row-major `v` of `dims` cut along `d` into `p` equal pieces.
-fn split(v: &[f32], dims: &[i64], d: usize, p: usize) -> Vec<Vec<f32>> {
-    let before: usize = dims[..d].iter().product::<i64>() as usize;
-    let size = dims[d] as usize;
-    let after: usize = dims[d + 1..].iter().product::<i64>() as usize;
-    let piece = size / p;
-    (0..p)
-        .map(|k| {
-            (0..before)
-                .flat_map(|a| {
-                    let start = a * size * after + k * piece * after;
-                    v[start..start + piece * after].iter().copied()
-                })
-                .collect()
-        })
-        .collect()
-}
-
-/// Pieces of `dims` each, laid side by side along `d`.
-fn concat(pieces: &[Vec<f32>], dims: &[i64], d: usize) -> Vec<f32> {
-    let before: usize = dims[..d].iter().product::<i64>() as usize;
-    let run: usize = dims[d..].iter().product::<i64>() as usize;
-    (0..before)
-        .flat_map(|a| {
-            pieces
-                .iter()
-                .flat_map(move |p| p[a * run..(a + 1) * run].iter().copied())
-        })
-        .collect()
-}
-
-/// The exact result on each rank of a group, given the group's inputs
-/// (per rank, per operand), in f64, flattened (tuple results in order).
-fn exact(c: &Case, inputs: &[Vec<Vec<f32>>]) -> Vec<Vec<f64>> {
-    let p = inputs.len();
-    let to64 = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<f64>>();
-    match (c.collective, c.dim) {
-        (Collective::AllReduce, _) => {
-            let mut sum = vec![0.0f64; inputs[0][0].len()];
-            for x in inputs {
-                for (s, v) in sum.iter_mut().zip(&x[0]) {
-                    *s += f64::from(*v);
-                }
-            }
-            vec![sum; p]
-        }
-        (Collective::ReduceScatter, Some(d)) => (0..p)
-            .map(|r| {
-                let mut sum = vec![0.0f64; inputs[0][0].len() / p];
-                for x in inputs {
-                    for (s, v) in sum.iter_mut().zip(&split(&x[0], &c.dims, d as usize, p)[r]) {
-                        *s += f64::from(*v);
-                    }
-                }
-                sum
-            })
-            .collect(),
-        (Collective::AllGather, Some(d)) => {
-            let pieces: Vec<Vec<f32>> = inputs.iter().map(|x| x[0].clone()).collect();
-            vec![to64(concat(&pieces, &c.dims, d as usize)); p]
-        }
-        (Collective::AllToAll, Some(d)) => {
-            let mut piece_dims = c.dims.clone();
-            piece_dims[d as usize] /= p as i64;
-            (0..p)
-                .map(|r| {
-                    let pieces: Vec<Vec<f32>> = inputs
-                        .iter()
-                        .map(|x| split(&x[0], &c.dims, d as usize, p)[r].clone())
-                        .collect();
-                    to64(concat(&pieces, &piece_dims, d as usize))
-                })
-                .collect()
-        }
-        // Tuple: rank r's result k is rank k's operand r.
-        (Collective::AllToAll, None) => (0..p)
-            .map(|r| to64(inputs.iter().flat_map(|x| x[r].clone()).collect()))
-            .collect(),
-        _ => unreachable!(),
-    }
-}
-
-/// The simulator's answer per rank, laid out like the result (bf16).
-fn simulated(c: &Case, plan: &Plan, inputs: &[Vec<Vec<f32>>]) -> Vec<Vec<f32>> {
-    let p = inputs.len();
-    let rows: Vec<Vec<f32>> = inputs
-        .iter()
-        .map(|x| match (c.collective, c.dim) {
-            (Collective::AllReduce | Collective::AllGather, _) => x[0].clone(),
-            (_, Some(d)) => split(&x[0], &c.dims, d as usize, p).concat(),
-            (_, None) => x.concat(),
-        })
-        .collect();
-    let got = simulate::run(&rows, plan, true);
-    got.into_iter()
-        .map(|v| {
-            let v = simulate::to_bf16(&v);
-            match (c.collective, c.dim) {
-                (Collective::AllReduce | Collective::ReduceScatter, _) | (_, None) => v,
-                (Collective::AllGather, Some(d)) => {
-                    let pieces: Vec<Vec<f32>> =
-                        v.chunks(v.len() / p).map(<[f32]>::to_vec).collect();
-                    concat(&pieces, &c.dims, d as usize)
-                }
-                (_, Some(d)) => {
-                    let mut piece_dims = c.dims.clone();
-                    piece_dims[d as usize] /= p as i64;
-                    let pieces: Vec<Vec<f32>> =
-                        v.chunks(v.len() / p).map(<[f32]>::to_vec).collect();
-                    concat(&pieces, &piece_dims, d as usize)
-                }
-            }
-        })
-        .collect()
-}
-
 /// Seeded bf16 Gaussian inputs: per device, per operand.
 fn inputs(c: &Case) -> Vec<Vec<Vec<f32>>> {
     let mut rng = Rng::new(c.seed);
@@ -482,8 +377,8 @@ fn check(c: &Case) -> Result<(), String> {
         let p = group.len();
         let plan = plan_of(c, &config, p);
         let ins: Vec<Vec<Vec<f32>>> = group.iter().map(|&d| values[d].clone()).collect();
-        let sim = simulated(c, &plan, &ins);
-        let want = exact(c, &ins);
+        let sim = simulated(&c.layout(), &plan, &ins);
+        let want = exact(&c.layout(), &ins);
         if agrees(c.collective) {
             for r in 1..p {
                 if sim[r]
@@ -638,7 +533,7 @@ fn a_sample_of_every_kind_matches_the_simulator_in_xla() {
             let p = group.len();
             let plan = plan_of(c, config, p);
             let ins: Vec<Vec<Vec<f32>>> = group.iter().map(|&d| values[d].clone()).collect();
-            let sim = simulated(c, &plan, &ins);
+            let sim = simulated(&c.layout(), &plan, &ins);
             for (r, &d) in group.iter().enumerate() {
                 let xla = got[d].concat();
                 if let Some(i) = sim[r]

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod inputs;
+pub mod layouts;
 pub mod modules;
 pub mod normalize;
 pub mod random_modules;

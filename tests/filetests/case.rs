@@ -10,8 +10,9 @@ use equarx::{DeviceCounts, RewriteOptions, Rewritten};
 use prost::Message;
 use serde_json::Value;
 
-use crate::checks::{self, Findings, Shape};
+use crate::checks::{self, Findings};
 use crate::common::inputs::Data;
+use crate::common::layouts::Layout;
 use crate::common::{self, inputs};
 use crate::header::{self, Check, Expect, Header, Reference, TestSpec};
 use crate::snapshot;
@@ -332,7 +333,7 @@ fn all_jobs(file: &CaseFile) -> Vec<Job> {
 }
 
 /// The module's one collective of the check's kind, as the checks see it.
-fn collective_shape(m: &HloModuleProto, kind: equarx::plan::Collective) -> Result<Shape, String> {
+fn collective_shape(m: &HloModuleProto, kind: equarx::plan::Collective) -> Result<Layout, String> {
     let op = kind.opcode();
     let instr = m
         .computations
@@ -349,7 +350,7 @@ fn collective_shape(m: &HloModuleProto, kind: equarx::plan::Collective) -> Resul
         [d] => Some(*d),
         more => return Err(format!("{op} has dimensions {more:?}")),
     };
-    Ok(Shape {
+    Ok(Layout {
         collective: kind,
         dims,
         dim,
