@@ -48,6 +48,17 @@ fn ok(a: &Answer) -> bool {
     a.result["ok"] == true
 }
 
+/// Whether XLA ran the rewrite; if not, the finding that says so.
+fn accepted(t: &Prepared, run: &Run, got: &Answer, f: &mut Findings) -> bool {
+    if !ok(got) {
+        f.failures.push(format!(
+            "{} {:?}: XLA refused the rewrite: {}",
+            t.name, run.data, got.result["error"]
+        ));
+    }
+    ok(got)
+}
+
 fn config(t: &Prepared) -> Config {
     t.rewritten.report[0]
         .plan
@@ -68,11 +79,7 @@ pub fn psum(
     let name = &t.name;
     let data = run.data;
     let devices = t.devices.0 * t.devices.1;
-    if !ok(got) {
-        f.failures.push(format!(
-            "{name} {data:?}: XLA refused the rewrite: {}",
-            got.result["error"]
-        ));
+    if !accepted(t, run, got, f) {
         return;
     }
     if let Some(b) = base {
@@ -237,11 +244,7 @@ pub fn program(
     let name = &t.name;
     let data = run.data;
     let devices = t.devices.0 * t.devices.1;
-    if !ok(got) {
-        f.failures.push(format!(
-            "{name} {data:?}: XLA refused the rewrite: {}",
-            got.result["error"]
-        ));
+    if !accepted(t, run, got, f) {
         return;
     }
     if !ok(reference) {
@@ -305,11 +308,7 @@ pub fn collective(
 ) {
     let name = &t.name;
     let data = run.data;
-    if !ok(got) {
-        f.failures.push(format!(
-            "{name} {data:?}: XLA refused the rewrite: {}",
-            got.result["error"]
-        ));
+    if !accepted(t, run, got, f) {
         return;
     }
     let values = &run.inputs.values;
