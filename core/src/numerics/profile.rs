@@ -40,6 +40,18 @@ pub enum Inputs {
 /// The statistics of one collective's inputs: `inputs[d]` is device d's
 /// payload (all of equal length), in rank order.
 pub fn op_stats(inputs: &[Vec<f32>], kind: Inputs, source: &str) -> Result<OpStats, String> {
+    op_stats_where(inputs, kind, source, |_, _| true)
+}
+
+/// [`op_stats`] at only the block sizes and rotations `wanted` names (of
+/// [`PROFILE_BLOCKS`]): what a check of given plans needs, not all a
+/// profile holds.
+pub fn op_stats_where(
+    inputs: &[Vec<f32>],
+    kind: Inputs,
+    source: &str,
+    wanted: impl Fn(usize, Rotation) -> bool,
+) -> Result<OpStats, String> {
     let p = inputs.len();
     let n = inputs.first().map_or(0, Vec::len);
     if p == 0 || n == 0 {
@@ -51,7 +63,9 @@ pub fn op_stats(inputs: &[Vec<f32>], kind: Inputs, source: &str) -> Result<OpSta
     let mut blocks = Vec::new();
     for &b in PROFILE_BLOCKS.iter().filter(|&&b| b <= n) {
         for rotation in [Rotation::None, Rotation::Hadamard] {
-            blocks.push(block_stats(inputs, kind, b, rotation));
+            if wanted(b, rotation) {
+                blocks.push(block_stats(inputs, kind, b, rotation));
+            }
         }
     }
     Ok(OpStats {
