@@ -376,7 +376,9 @@ impl<'m> Builder<'m> {
         self.binary(Opcode::Divide, a, b)
     }
 
-    /// `clamp(lo, x, hi)`; the bounds may be scalars.
+    /// `clamp(lo, x, hi)`. HLO lets the bounds be scalars; the emitter
+    /// gives them x's shape (XLA:GPU's ReshapeMover CHECK-fails on scalar
+    /// bounds).
     pub fn clamp(&mut self, lo: &Value, x: &Value, hi: &Value) -> Value {
         self.add(Self::op(Opcode::Clamp), &[lo, x, hi])
     }

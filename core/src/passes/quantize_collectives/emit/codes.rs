@@ -46,8 +46,12 @@ impl Emitter<'_, '_, '_> {
         let recip = self.b.divide(&ones, &scale);
         let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
         let ratio = self.b.multiply(blocks, &recip);
-        let lo = self.f32c(-format.qmax());
-        let hi = self.f32c(format.qmax());
+        // Bounds shaped like the ratio, never scalars: XLA:GPU's
+        // ReshapeMover (jaxlib 0.10.2) sinks a reshape through a clamp by
+        // reshaping every operand, and a scalar bound there is a CHECK
+        // failure that aborts the user's process.
+        let lo = self.splat(Const::F32((-format.qmax()).to_bits()), &[nb, bl]);
+        let hi = self.splat(Const::F32(format.qmax().to_bits()), &[nb, bl]);
         let codes = match float_type(format) {
             // Integers: round to nearest even, clamp, s8 (int4: two to a
             // byte).
