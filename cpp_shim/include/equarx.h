@@ -49,12 +49,16 @@
  *       Outline the emitted quantize / dequantize chains into loop fusions:
  *       auto does when the module is past XLA's fusion (--stage fused, or
  *       detected: a dump after optimizations, the pre-scheduler hook).
- *   stage  auto|pre-fusion|fused (default: auto):
+ *   stage  auto|pre-fusion|fused|tiled (default: auto):
  *       Where in XLA's pipeline the module is: pre-fusion (after SPMD
- *       partitioning, before fusion) or fused (after XLA's fusion, as at the
- *       pre-scheduler hook); auto: fused when the module holds a fusion. It
- *       sets the forms the rewrite emits (the all-to-all's, and whether
- *       --fuse auto outlines loop fusions); the report names it.
+ *       partitioning, before fusion: a lowered module, XLA:GPU's
+ *       pre-scheduler hook), fused (after XLA's fusion: XLA:CPU's hook) or
+ *       tiled (after a backend's tiling assignment: XLA:TPU's hook, where
+ *       equarx rewrites nothing yet and says why); auto: tiled when a layout
+ *       has tiles or a memory space, else fused when the module holds a
+ *       fusion. It sets the forms the rewrite emits (the all-to-all's, the
+ *       loop's copies, and whether --fuse auto outlines loop fusions); the
+ *       report names it.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per
@@ -214,6 +218,12 @@ struct PJRT_XlaTransform_Callbacks* equarx_pjrt_callbacks(void);
 
 /* Sets the options the callback uses (JSON as for equarx_rewrite). */
 equarx_status equarx_pjrt_configure(const char* options_json, char** error);
+
+/* The report of the callback's last call in this process, in
+ * *report_json: the JSON array equarx_rewrite gives, or {"error": MESSAGE}
+ * when that call failed; NULL before any call. Free it with
+ * equarx_free_string. */
+equarx_status equarx_pjrt_last_report(char** report_json, char** error);
 
 /* Sets the options, finds the XLA-transform extension in `pjrt_api` (a
  * plugin's const PJRT_Api*) and registers the callback under `name` (NULL:

@@ -25,7 +25,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::RwLock;
 
-use super::c_abi::{opt_str, status_into};
+use super::c_abi::{c_string, opt_str, status_into};
 use super::{DoorError, guarded, parse_options, rewrite_bytes};
 use crate::RewriteOptions;
 use crate::io::Format;
@@ -138,6 +138,12 @@ struct TransformExtension {
 /// The options the callback uses (set by configure / register).
 static OPTIONS: RwLock<Option<RewriteOptions>> = RwLock::new(None);
 
+/// The report of the callback's last call (a JSON array of
+/// [`crate::OpReport`], or the error it answered XLA with), for
+/// [`equarx_pjrt_last_report`]: the native door has no Python side to hand
+/// it to.
+static LAST_REPORT: RwLock<Option<String>> = RwLock::new(None);
+
 struct Callbacks(std::cell::UnsafeCell<TransformCallbacks>);
 // SAFETY: the table is never written after initialization; XLA only reads it.
 unsafe impl Sync for Callbacks {}
@@ -214,6 +220,11 @@ pub unsafe extern "C" fn equarx_pjrt_transform_hlo_module(
         module: Vec::new(),
         error: Vec::new(),
     });
+    let report = match &run {
+        Ok(outcome) => outcome.report_json.clone(),
+        Err(e) => serde_json::json!({ "error": format!("equarx: {e}") }).to_string(),
+    };
+    *LAST_REPORT.write().unwrap_or_else(|p| p.into_inner()) = Some(report);
     match run {
         Ok(outcome) => {
             out.module = outcome.module.unwrap_or_default();
@@ -262,6 +273,36 @@ pub unsafe extern "C" fn equarx_pjrt_configure(
 
 fn set_options(o: RewriteOptions) {
     *OPTIONS.write().unwrap_or_else(|p| p.into_inner()) = Some(o);
+}
+
+/// `equarx_status equarx_pjrt_last_report(char** report_json, char**
+/// error)`: the report of the PJRT callback's last call in this process,
+/// as `equarx_rewrite` gives it (a JSON array, one entry per collective),
+/// or `{"error": MESSAGE}` when that call failed; null before any call.
+/// Free it with `equarx_free_string`.
+///
+/// # Safety
+/// `report_json` and `error` are null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn equarx_pjrt_last_report(
+    report_json: *mut *mut c_char,
+    error: *mut *mut c_char,
+) -> c_int {
+    let run = guarded(|| {
+        if report_json.is_null() {
+            return Err(DoorError::Argument("report_json is null".into()));
+        }
+        let last = LAST_REPORT.read().unwrap_or_else(|p| p.into_inner());
+        let out = match &*last {
+            Some(json) => c_string(json),
+            None => std::ptr::null_mut(),
+        };
+        // SAFETY: checked non-null above, writable by the contract.
+        unsafe { report_json.write(out) };
+        Ok(())
+    });
+    // SAFETY: per the function's contract.
+    unsafe { status_into(run, error) }
 }
 
 /// `PJRT_XlaTransform_Callbacks* equarx_pjrt_callbacks(void)`: a static

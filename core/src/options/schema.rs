@@ -301,15 +301,18 @@ pub static OPTIONS: &[OptionSpec] = &[
         aliases: &[],
         syntax: Syntax::Choice(auto_names::<Stage>),
         help: "Where in XLA's pipeline the module is: pre-fusion (after SPMD partitioning, \
-               before fusion) or fused (after XLA's fusion, as at the pre-scheduler hook); \
-               auto: fused when the module holds a fusion. It sets the forms the rewrite \
-               emits (the all-to-all's, and whether --fuse auto outlines loop fusions); \
-               the report names it.",
-        why: "a module that holds fusions is past XLA's fusion (the JAX door's pre-scheduler \
-              hook): XLA will not fuse or decompose what the pass emits any more, so the \
-              pass fuses it and writes the collectives in the forms XLA's runtime runs. Name \
-              the stage when the guess could be wrong (a fused module that still runs XLA's \
-              passes, or one with no fusion to show)",
+               before fusion: a lowered module, XLA:GPU's pre-scheduler hook), fused (after \
+               XLA's fusion: XLA:CPU's hook) or tiled (after a backend's tiling assignment: \
+               XLA:TPU's hook, where equarx rewrites nothing yet and says why); auto: tiled \
+               when a layout has tiles or a memory space, else fused when the module holds a \
+               fusion. It sets the forms the rewrite emits (the all-to-all's, the loop's \
+               copies, and whether --fuse auto outlines loop fusions); the report names it.",
+        why: "a module that holds fusions is past XLA's fusion (XLA:CPU's pre-scheduler \
+              hook): XLA will not fuse or decompose what the pass emits any more, so the pass \
+              fuses it and writes the collectives in the forms XLA's runtime runs; a tiled one \
+              (XLA:TPU's hook) is left as it is, with the reason. Give `pre-fusion` for a \
+              module before XLA's pipeline (the door before XLA does): the rewrite then holds \
+              no `copy`, which StableHLO cannot express, since XLA's copy insertion follows",
         unset: "",
         example: "fused",
         refused: Some(("late", "\"late\" is not one of")),

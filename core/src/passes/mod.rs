@@ -39,32 +39,55 @@ pub trait Pass {
 }
 
 crate::choice_enum! {
-    /// Where in XLA's pipeline a module is when equarx sees it.
+    /// Where in XLA's pipeline a module is when equarx sees it. The
+    /// compilers' pre-scheduler hooks sit at different depths of their
+    /// pipelines (jaxlib 0.10.2, libtpu 0.0.42.1, measured from their
+    /// dumps): XLA:GPU's runs inside its optimization pipeline, before
+    /// fusion ([`Stage::PreFusion`]); XLA:CPU's after fusion
+    /// ([`Stage::Fused`]); XLA:TPU's after fusion, tiling assignment, copy
+    /// insertion and scheduling ([`Stage::Tiled`]).
     pub enum Stage {
         /// After SPMD partitioning, before XLA's fusion: XLA still fuses,
-        /// simplifies and decomposes what the pass emits.
+        /// simplifies and decomposes what the pass emits, and inserts the
+        /// copies a loop needs.
         PreFusion = "pre-fusion",
-        /// After XLA's fusion (its pre-scheduler hook, where the JAX door
-        /// sits; a dump after optimizations): XLA will not fuse or
-        /// decompose what the pass emits, so the pass does.
+        /// After XLA's fusion (XLA:CPU's pre-scheduler hook; a dump after
+        /// optimizations): XLA will not fuse or decompose what the pass
+        /// emits any more, so the pass does.
         Fused = "fused",
+        /// After a backend gave every shape a tiled layout and a memory
+        /// space (XLA:TPU's pre-scheduler hook: `{1,0:T(8,128)(2,1)S(1)}`).
+        /// What the pass would insert there must carry the layouts, fusion
+        /// kinds and buffers that backend's own passes would have made;
+        /// equarx does not emit those yet, so it rewrites nothing at this
+        /// stage and says so (rewrite the program before XLA instead).
+        Tiled = "tiled",
     }
 }
 
 impl Stage {
-    /// The stage a module shows: fused if any computation holds a fusion.
+    /// The stage a module shows: tiled if any shape carries tiles or a
+    /// memory space, else fused if any computation holds a fusion.
     pub fn detect(module: &Module) -> Stage {
-        let fused = module.computations().iter().any(|c| {
-            c.instructions()
-                .iter()
-                .any(|i| Opcode::of(i) == Some(Opcode::Fusion))
-        });
-        if fused {
+        let instructions = || module.computations().iter().flat_map(|c| c.instructions());
+        if instructions().any(|i| i.shape.as_ref().is_some_and(shape_is_tiled)) {
+            Stage::Tiled
+        } else if instructions().any(|i| Opcode::of(i) == Some(Opcode::Fusion)) {
             Stage::Fused
         } else {
             Stage::PreFusion
         }
     }
+}
+
+/// Whether `shape` or one of its elements has a layout with tiles or a
+/// memory space: what only a backend's layout assignment writes.
+fn shape_is_tiled(shape: &crate::proto::ShapeProto) -> bool {
+    shape
+        .layout
+        .as_ref()
+        .is_some_and(|l| !l.tiles.is_empty() || l.memory_space != 0)
+        || shape.tuple_shapes.iter().any(shape_is_tiled)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -125,6 +125,14 @@ impl Pass for QuantizeCollectives {
 }
 
 impl QuantizeCollectives {
+    /// Whether the pass can emit at the module's stage at all.
+    fn emits_here(&self) -> Result<(), SkipReason> {
+        match self.stage {
+            Stage::PreFusion | Stage::Fused => Ok(()),
+            Stage::Tiled => Err(SkipReason::TiledStage),
+        }
+    }
+
     /// Examines, chooses for and (if it pays) rewrites one collective of
     /// computation `comp_id`; returns its report entry.
     fn decide(
@@ -156,7 +164,9 @@ impl QuantizeCollectives {
         };
         entry.basis = Some(basis);
         entry.prediction = Some(said);
-        let decision = eligibility::examine(module, comp, instr, &self.options, &self.counts)
+        let decision = self
+            .emits_here()
+            .and_then(|()| eligibility::examine(module, comp, instr, &self.options, &self.counts))
             .and_then(|c| choose(&c, data, &self.options).map(|choice| (c, choice)));
         match decision {
             Err(reason) => {
@@ -167,7 +177,10 @@ impl QuantizeCollectives {
             }
             Ok((candidate, Choice { plan, time })) => {
                 let reducers = *reducers.get_or_insert_with(|| Reducers::add_to(module));
-                let spliced = splice(module, &candidate, &plan, self.stage, reducers, edits)?;
+                let before_xla = self.options.stage == Some(Stage::PreFusion);
+                let spliced = splice(
+                    module, &candidate, &plan, self.stage, before_xla, reducers, edits,
+                )?;
                 entry.rewritten(&candidate, &plan, &spliced.emitted, data);
                 entry.predicted_time = Some(time);
             }

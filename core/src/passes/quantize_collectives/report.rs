@@ -31,6 +31,13 @@ pub enum SkipReason {
     BadAttribute(String),
     #[error("inside a fusion computation")]
     InFusion,
+    #[error(
+        "the module is past a backend's tiling assignment (tiled layouts, memory spaces: \
+         XLA:TPU's pre-scheduler hook), where equarx does not emit yet; rewrite the \
+         program before XLA instead (equarx.jax.rewrite_lowered, or equarx rewrite \
+         --stage pre-fusion on the lowered module)"
+    )]
+    TiledStage,
     #[error("has control dependencies")]
     ControlDependencies,
     #[error("a -start without a single -done user")]

@@ -68,6 +68,7 @@ pub fn splice(
     c: &Candidate,
     plan: &Plan,
     stage: Stage,
+    before_xla: bool,
     reducers: Reducers,
     edits: &mut Edits,
 ) -> Result<Spliced, PassError> {
@@ -118,6 +119,7 @@ pub fn splice(
             or_s32: reducers.or_s32,
             async_permutes: c.done.is_some(),
             stage,
+            before_xla,
             dimension: c.dimension,
         },
     );

@@ -4,7 +4,6 @@
 
 use super::{Emitter, Step};
 use crate::ir::builder::Value;
-use crate::ir::opcode::Opcode;
 use crate::ir::shape;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Form, GatherForm, Rotation};
@@ -118,10 +117,10 @@ impl Emitter<'_, '_, '_> {
         for (k, &(dir, lo, hi)) in bounds.iter().enumerate() {
             // The received part goes into the state in place of the one
             // sent: a copy, so the collective never writes the buffer it
-            // reads (no copy insertion follows the pre-scheduler hook).
+            // reads.
             let travelling = self.permute(&state[2 * k], whole, dir);
             let travelling = match s {
-                Step::Next(_) => self.b.unary(Opcode::Copy, &travelling),
+                Step::Next(_) => self.copy_unless_before_xla(&travelling),
                 Step::At(_) => travelling,
             };
             let from = self.index(rank, p, dir, s, 1);

@@ -59,6 +59,10 @@ pub struct EmitInputs<'a> {
     /// decompose what the pass emits any more, so collectives take the
     /// forms its runtime runs directly.
     pub stage: Stage,
+    /// The caller said the module is before XLA's pipeline (`stage:
+    /// pre-fusion` given, not detected): XLA's copy insertion runs after
+    /// the pass, so it emits no `copy`.
+    pub before_xla: bool,
     /// The collective's scatter, gather or split dimension (an array
     /// all-to-all's; none for the all-reduce and a tuple all-to-all).
     pub dimension: Option<i64>,
@@ -225,10 +229,6 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         v
     }
 
-    fn f32c(&mut self, v: f32) -> Value {
-        self.constant(Const::F32(v.to_bits()))
-    }
-
     fn s32c(&mut self, v: i64) -> Value {
         self.constant(Const::S32(v as i32))
     }
@@ -243,6 +243,22 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let v = self.b.broadcast(&scalar, dims, &[]);
         self.splats.insert(key, v.clone());
         v
+    }
+
+    /// A copy of `v`, so that a loop or a collective never writes a buffer
+    /// something else still reads. XLA's pre-scheduler hooks can come after
+    /// its copy insertion even where the module shows no fusion (XLA:CPU's
+    /// does: a loop counter's constant, shared by every device, then
+    /// counted down on one device only and deadlocked the others), so the
+    /// pass leaves the copy to XLA only when told the module is before
+    /// XLA's pipeline ([`EmitInputs::before_xla`]: the door before XLA,
+    /// whose StableHLO has no `copy`).
+    fn copy_unless_before_xla(&mut self, v: &Value) -> Value {
+        if self.inputs.before_xla {
+            v.clone()
+        } else {
+            self.b.unary(Opcode::Copy, v)
+        }
     }
 
     /// A `while` loop (computations `equarx_{name}_cond` and `_body`) that
@@ -267,7 +283,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             .chain(state.iter().cloned())
             .map(|v| {
                 if v.dims().is_empty() || self.borrowed.contains(&v.id) {
-                    self.b.unary(Opcode::Copy, &v)
+                    self.copy_unless_before_xla(&v)
                 } else {
                     v
                 }
