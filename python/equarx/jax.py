@@ -515,6 +515,60 @@ def register_native(
     _state_changed()
 
 
+def rewrite_lowered(lowered: Any, **pass_options: Any) -> Any:
+    """The door before XLA: rewrites a lowered JAX program
+    (``jax.jit(f).lower(...)``) and returns a new ``Lowered`` whose
+    ``.compile()`` compiles the rewrite; the report is in
+    :func:`last_report`.
+
+    For programs whose collectives exist before XLA partitions them: those
+    written with ``jax.shard_map`` (``psum``, ``psum_scatter``,
+    ``all_gather``, ``all_to_all``). The module goes to HLO, through equarx
+    at the ``pre-fusion`` stage, and back to StableHLO, so XLA's own layout
+    assignment, fusion and copy insertion handle what equarx emits; this is
+    the door that reaches XLA:TPU today (at libtpu's pre-scheduler hook the
+    module is already tiled, and equarx rewrites nothing there). Collectives
+    that XLA's SPMD partitioner inserts (plain ``jit`` with shardings) do
+    not exist yet at this point: they reach equarx only through
+    :func:`enable` (the hook). ``num_partitions`` defaults to the
+    program's device count.
+
+    Works on any backend, compile-only (deviceless) ones included; it needs
+    no registration, and the original ``lowered`` stays as it was.
+    """
+    import copy
+
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import _jax
+    from jax._src.lib.mlir import ir
+
+    global _last_report
+    lowering = getattr(lowered, "_lowering", None)
+    if lowering is None or not hasattr(lowering, "_hlo"):
+        raise TypeError(
+            f"expected the result of jax.jit(f).lower(...) (jax 0.10.2), got {type(lowered)!r}"
+        )
+    text = str(lowered.compiler_ir("stablehlo"))
+    hlo = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False, return_tuple=False)
+    opts = {"stage": "pre-fusion", "replica_count": 1,
+            "num_partitions": lowering.compile_args.get("num_devices", 1)}
+    opts.update(options(**pass_options))
+    result = _native.rewrite(hlo.as_serialized_hlo_module_proto(), opts)
+    with _lock:
+        _last_report = result.report
+    if not result.changed:
+        return lowered
+    stablehlo = _jax.mlir.hlo_to_stablehlo(result.module)
+    with jax_mlir.make_ir_context():
+        module = ir.Module.parse(stablehlo)
+    new_lowering = copy.copy(lowering)
+    new_lowering._hlo = module
+    new_lowering._executable = None  # a compile of the original is not this one's
+    new_lowered = copy.copy(lowered)
+    new_lowered._lowering = new_lowering
+    return new_lowered
+
+
 from equarx.calibration import calibrate  # noqa: E402  (it imports this module lazily)
 
 __all__ = [
@@ -529,4 +583,5 @@ __all__ = [
     "options",
     "print_report",
     "register_native",
+    "rewrite_lowered",
 ]

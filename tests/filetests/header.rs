@@ -1,3 +1,6 @@
+// Shared by two test binaries (filetests, compilers) that each read part of it.
+#![allow(dead_code)]
+
 //! The header of a case file: the `//` lines above its module, in the
 //! grammar of `tests/cases/README.md`. Parsing is strict: an unknown key, a
 //! key given twice, a value that does not read, or a missing key the check
@@ -81,12 +84,66 @@ pub struct Header {
     pub baseline: bool,
     /// `door: cli`: the command line rewrites the file's text.
     pub cli: bool,
+    /// Which of the real TPU and GPU compilers compile the case
+    /// (`tests/compilers.rs`), and why not where one does not.
+    pub compilers: Compilers,
     /// The base test first, then the variants in file order.
     pub tests: Vec<TestSpec>,
 }
 
+/// `compilers: tpu no: WHY`, `gpu no: WHY` or `none: WHY`: the compilers
+/// a case is not compiled in, each with its reason (unset: both compile it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Compilers {
+    pub tpu_not: Option<String>,
+    pub gpu_not: Option<String>,
+}
+
+fn compilers_of(value: &str) -> Result<Compilers, String> {
+    let said = |why: &str| {
+        let why = why.trim();
+        if why.is_empty() {
+            Err(
+                "`compilers:` needs the reason: `tpu no: WHY`, `gpu no: WHY` or `none: WHY`"
+                    .to_string(),
+            )
+        } else {
+            Ok(Some(why.to_string()))
+        }
+    };
+    if let Some(why) = value.strip_prefix("tpu no:") {
+        Ok(Compilers {
+            tpu_not: said(why)?,
+            gpu_not: None,
+        })
+    } else if let Some(why) = value.strip_prefix("gpu no:") {
+        Ok(Compilers {
+            tpu_not: None,
+            gpu_not: said(why)?,
+        })
+    } else if let Some(why) = value.strip_prefix("none:") {
+        let why = said(why)?;
+        Ok(Compilers {
+            tpu_not: why.clone(),
+            gpu_not: why,
+        })
+    } else {
+        Err("compilers is `tpu no: WHY`, `gpu no: WHY` or `none: WHY`".into())
+    }
+}
+
 const KEYS: &[&str] = &[
-    "check", "devices", "data", "options", "goal", "disable", "baseline", "door", "plan", "variant",
+    "check",
+    "devices",
+    "data",
+    "options",
+    "goal",
+    "disable",
+    "baseline",
+    "door",
+    "plan",
+    "variant",
+    "compilers",
 ];
 
 /// The header lines of `text` (the leading `//` lines) and the line the
@@ -129,6 +186,7 @@ pub fn parse(text: &str) -> Result<Header, String> {
     let mut disable = None;
     let mut baseline = true;
     let mut cli = false;
+    let mut compilers = Compilers::default();
     let mut base: Option<Expect> = None;
     let mut variants: Vec<(String, Map<String, Value>, Expect)> = Vec::new();
     for (i, line) in lines.iter().enumerate() {
@@ -192,6 +250,7 @@ pub fn parse(text: &str) -> Result<Header, String> {
                 }
             }
             "plan" => base = Some(expect_of(value).map_err(at)?),
+            "compilers" => compilers = compilers_of(value).map_err(at)?,
             _ => unreachable!(),
         }
     }
@@ -256,6 +315,7 @@ pub fn parse(text: &str) -> Result<Header, String> {
         disable,
         baseline,
         cli,
+        compilers,
         tests,
     })
 }

@@ -1,0 +1,464 @@
+//! The real target compilers, deviceless: XLA:TPU (libtpu 0.0.42.1) and
+//! XLA:GPU (jax-cuda12-plugin 0.10.2 with `tests/compilers/h100.txtpb`),
+//! from the venv `scripts/pyenv compilers` makes on first use (pinned by
+//! version and SHA-256, `python/compilers.txt`).
+//!
+//! Two kinds of test, one per case or plan and compiler:
+//!
+//! - `CASE[::VARIANT]@TOPOLOGY`: every case file (`tests/cases/*.hlo`)
+//!   compiles as the program, with equarx registered at the compiler's
+//!   pre-scheduler hook (`equarx_pjrt_register` on the plugin's own
+//!   `GetPjrtApi()`), the test's options configured. The compile must
+//!   succeed (a process abort is reported as such, with the compiler's last
+//!   words). On XLA:GPU the hook comes before fusion: a case that expects a
+//!   rewrite must be rewritten there and its compiled module must carry s8
+//!   on the wire; a negative twin must stay unrewritten. On XLA:TPU the hook
+//!   comes after tiling assignment, where equarx rewrites nothing yet: every
+//!   op must say so, and the program must compile as if equarx were not
+//!   there. A case the compilers cannot take says so in its header
+//!   (`compilers: ... no: WHY`).
+//! - `before_xla::PLAN@TOPOLOGY`: a `shard_map` psum lowered by JAX and
+//!   rewritten before XLA by `equarx.jax.rewrite_lowered`, for every
+//!   algorithm, rotation and format, on v5e:2x2 and h100 x4: it compiles,
+//!   with the plan asked for and s8 on the wire, and no workaround.
+//!
+//! Each topology's jobs run in one process (`tests/compilers/compile.py`;
+//! one registration per process), and their answers are kept under
+//! `target/compilers-results/`, keyed by the SHA-256 of everything they
+//! depend on (the jobs, the library, the tool, the pins). nextest runs every
+//! test in a process of its own: the first to need a topology runs its batch
+//! under a file lock, the rest read the answers.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "doors/mod.rs"]
+mod doors;
+#[path = "filetests/header.rs"]
+mod header;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use header::Expect;
+
+/// The TPU topologies a case of `n` devices compiles on.
+fn tpu_topologies(n: usize) -> &'static [&'static str] {
+    match n {
+        4 => &["v5e:2x2", "v5p:2x2x1", "v6e:2x2"],
+        8 => &["v5e:2x4", "v5p:2x2x2", "v6e:2x4"],
+        _ => &[],
+    }
+}
+
+/// The GPU topology of `n` devices: one host of H100s.
+fn gpu_topology(n: usize) -> Option<String> {
+    matches!(n, 2 | 4 | 8).then(|| format!("h100x{n}"))
+}
+
+fn platform(topology: &str) -> &'static str {
+    if topology.starts_with("h100") {
+        "gpu"
+    } else {
+        "tpu"
+    }
+}
+
+/// Element types that carry quantized codes and scales.
+const QUANTIZED: &[&str] = &["s8", "u8", "f8e4m3fn", "f8e5m2"];
+
+/// One compile: its name (the test's), what the tool is asked, and what
+/// the answer must show.
+struct Job {
+    name: String,
+    spec: Value,
+    expect: Want,
+}
+
+#[derive(Clone)]
+enum Want {
+    /// Rewritten at the hook, quantized on the wire.
+    Rewritten,
+    /// Compiled, nothing rewritten.
+    Unchanged,
+    /// Compiled, every op refused with the tiled-stage reason.
+    TiledRefusal,
+    /// Rewritten before XLA with this algorithm and rotation.
+    Plan(String, String),
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    let mut batches: HashMap<String, Vec<Job>> = HashMap::new();
+    let cases = common::repo().join("tests/cases");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&cases)
+        .expect("tests/cases")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "hlo"))
+        .collect();
+    files.sort();
+    for path in files {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).expect("read case");
+        let h = match header::parse(&text) {
+            Ok(h) => h,
+            Err(e) => {
+                trials.push(Trial::test(format!("{name}@header"), move || {
+                    Err(Failed::from(format!("tests/cases/{name}.hlo: {e}")))
+                }));
+                continue;
+            }
+        };
+        let (replicas, partitions) = h.devices;
+        let n = replicas * partitions;
+        let mut topologies: Vec<String> = Vec::new();
+        if h.compilers.tpu_not.is_none() {
+            if tpu_topologies(n).is_empty() {
+                let msg = format!(
+                    "tests/cases/{name}.hlo: no TPU topology has {n} chips here (a host holds 2x2); \
+                     say so in its header: `// compilers: tpu no: WHY`"
+                );
+                trials.push(Trial::test(format!("{name}@tpu"), move || Err(msg.into())));
+            }
+            topologies.extend(tpu_topologies(n).iter().map(|t| t.to_string()));
+        }
+        if h.compilers.gpu_not.is_none() {
+            match gpu_topology(n) {
+                Some(t) => topologies.push(t),
+                None => {
+                    let msg = format!(
+                        "tests/cases/{name}.hlo: no H100 node of {n} GPUs; say so in its header: \
+                         `// compilers: gpu no: WHY`"
+                    );
+                    trials.push(Trial::test(format!("{name}@gpu"), move || Err(msg.into())));
+                }
+            }
+        }
+        for topology in topologies {
+            for t in &h.tests {
+                let test = match &t.variant {
+                    Some(v) => format!("{name}::{v}@{topology}"),
+                    None => format!("{name}@{topology}"),
+                };
+                let expect = match (platform(&topology), &t.expect) {
+                    ("tpu", _) => Want::TiledRefusal,
+                    (_, Expect::Plan(_)) => Want::Rewritten,
+                    (_, Expect::Unchanged(_)) => Want::Unchanged,
+                };
+                // At a hook the stage is the compiler's and equarx reads it
+                // from the module; a case's `stage` and `fuse` describe the
+                // case's own text (an after-optimizations dump, say).
+                let mut options = t.options.clone();
+                options.remove("stage");
+                options.remove("fuse");
+                batches.entry(topology.clone()).or_default().push(Job {
+                    name: test,
+                    spec: json!({
+                        "module": path,
+                        "replicas": replicas,
+                        "partitions": partitions,
+                        "door": "hook",
+                        "options": options,
+                    }),
+                    expect,
+                });
+            }
+        }
+    }
+    for topology in ["v5e:2x2", "h100x4"] {
+        let jobs = batches.entry(topology.to_string()).or_default();
+        for algorithm in ["ring", "two-shot"] {
+            for rotation in ["none", "hadamard"] {
+                for format in ["int8", "fp8-e4m3", "fp8-e5m2", "int4"] {
+                    jobs.push(Job {
+                        name: format!("before_xla::{algorithm}+{rotation}+{format}@{topology}"),
+                        spec: json!({
+                            "program": "psum", "devices": 4, "rows": 256, "cols": 1024,
+                            "door": "before",
+                            "options": {"min_payload_bytes": 0, "algorithm": algorithm,
+                                        "rotation": rotation, "quant_format": format},
+                        }),
+                        expect: Want::Plan(algorithm.to_string(), rotation.to_string()),
+                    });
+                }
+            }
+        }
+    }
+    let mut batches: Vec<(String, Vec<Job>)> = batches.into_iter().collect();
+    batches.sort_by(|a, b| a.0.cmp(&b.0));
+    for (topology, jobs) in batches {
+        let specs: Arc<Vec<Value>> = Arc::new(
+            jobs.iter()
+                .map(|j| {
+                    let mut s = j.spec.clone();
+                    s["name"] = json!(j.name);
+                    s
+                })
+                .collect(),
+        );
+        let topology = Arc::new(topology);
+        for job in jobs {
+            let (specs, topology) = (specs.clone(), topology.clone());
+            trials.push(Trial::test(job.name.clone(), move || {
+                let answers = answers(&topology, &specs)?;
+                let got = answers
+                    .get(&job.name)
+                    .ok_or_else(|| format!("{}: no answer in the batch", job.name))?;
+                judge(&job, got).map_err(Failed::from)
+            }));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// What a job's answer must show.
+fn judge(job: &Job, got: &Value) -> Result<(), String> {
+    let name = &job.name;
+    if got["ok"] != json!(true) {
+        return Err(format!(
+            "{name}: the compiler refused it: {}",
+            got["error"].as_str().unwrap_or("(no message)")
+        ));
+    }
+    let report: Vec<Value> = match &got["report"] {
+        Value::Array(a) => a.clone(),
+        Value::Null => Vec::new(),
+        other => return Err(format!("{name}: equarx answered the compiler with {other}")),
+    };
+    let rewritten = report
+        .iter()
+        .filter(|r| r["rewritten"] == json!(true))
+        .count();
+    let wire: Vec<&str> = got["wire_types"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let quantized = wire.iter().any(|t| QUANTIZED.contains(t));
+    let summary = || {
+        format!(
+            "report: {}; the compiled module's collectives carry {wire:?}",
+            serde_json::to_string(&report).unwrap_or_default()
+        )
+    };
+    match &job.expect {
+        Want::Rewritten => {
+            if rewritten == 0 || !quantized {
+                return Err(format!(
+                    "{name}: expected a rewrite at the hook with quantized codes on the wire; {}",
+                    summary()
+                ));
+            }
+        }
+        Want::Unchanged => {
+            if rewritten != 0 {
+                return Err(format!("{name}: expected no rewrite; {}", summary()));
+            }
+        }
+        Want::TiledRefusal => {
+            let refused = |r: &Value| {
+                r["rewritten"] == json!(false)
+                    && r["stage"] == json!("tiled")
+                    && r["reason"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("tiling assignment"))
+            };
+            if !report.iter().all(refused) {
+                return Err(format!(
+                    "{name}: at XLA:TPU's hook every op must be left with the tiled-stage reason; {}",
+                    summary()
+                ));
+            }
+        }
+        Want::Plan(algorithm, rotation) => {
+            let planned = |r: &Value| {
+                r["plan"]["algorithm"] == json!(algorithm)
+                    && r["plan"]["rotation"] == json!(rotation)
+            };
+            if report.len() != 1 || !planned(&report[0]) || !quantized {
+                return Err(format!(
+                    "{name}: expected the one psum rewritten as {algorithm}+{rotation} with quantized \
+                     codes on the wire; {}",
+                    summary()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn results_dir() -> PathBuf {
+    common::repo().join("target/compilers-results")
+}
+
+/// The compilers' venv python, made on first use.
+fn python() -> Result<PathBuf, String> {
+    static PY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new(common::repo().join("scripts/pyenv"))
+            .arg("compilers")
+            .output()
+            .map_err(|e| format!("cannot run scripts/pyenv compilers: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/pyenv compilers failed (it installs python/compilers.txt, pinned by SHA-256, \
+                 from PyPI into target/compilers: ~525 MB; needs python3 with venv and PyPI):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(PathBuf::from(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
+    })
+    .clone()
+}
+
+/// The batch's key: the SHA-256 of every input its answers depend on.
+fn batch_key(topology: &str, specs: &[Value], lib: &Path) -> Result<String, String> {
+    let mut h = Sha256::new();
+    let mut field = |b: &[u8]| {
+        h.update((b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    field(topology.as_bytes());
+    field(&serde_json::to_vec(specs).unwrap());
+    let repo = common::repo();
+    for p in [
+        lib.to_path_buf(),
+        repo.join("tests/compilers/compile.py"),
+        repo.join("tests/compilers/h100.txtpb"),
+        repo.join("python/compilers.txt"),
+        repo.join("python/equarx/jax.py"),
+        repo.join("python/equarx/_native.py"),
+    ] {
+        field(&std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?);
+    }
+    for s in specs {
+        if let Some(m) = s["module"].as_str() {
+            field(&std::fs::read(m).map_err(|e| format!("{m}: {e}"))?);
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A batch's answers, by job name.
+type Answers = HashMap<String, Value>;
+
+/// The answers of `topology`'s batch, by job name: read if kept, else run
+/// under the topology's lock.
+fn answers(topology: &str, specs: &[Value]) -> Result<Arc<Answers>, String> {
+    static DONE: OnceLock<Mutex<HashMap<String, Arc<Answers>>>> = OnceLock::new();
+    let done = DONE.get_or_init(Default::default);
+    let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(a) = done.get(topology) {
+        return Ok(a.clone());
+    }
+    let lib = doors::cdylib();
+    let key = batch_key(topology, specs, &lib)?;
+    let dir = results_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let safe = topology.replace(':', "-");
+    let kept = dir.join(format!("{safe}-{key}.jsonl"));
+    let lock = File::create(dir.join(format!("{safe}.lock"))).map_err(|e| e.to_string())?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("lock {topology}: {e}"))?;
+    if !kept.is_file() {
+        run_batch(topology, specs, &lib, &kept)?;
+    }
+    let text = std::fs::read_to_string(&kept).map_err(|e| e.to_string())?;
+    let mut by_name = HashMap::new();
+    for line in text.lines() {
+        let v: Value =
+            serde_json::from_str(line).map_err(|e| format!("{}: {e}", kept.display()))?;
+        by_name.insert(v["name"].as_str().unwrap_or_default().to_string(), v);
+    }
+    let a = Arc::new(by_name);
+    done.insert(topology.to_string(), a.clone());
+    Ok(a)
+}
+
+/// Runs every job of the batch; a job that kills the process (a compiler
+/// CHECK) is answered as such, and the batch goes on after it.
+fn run_batch(topology: &str, specs: &[Value], lib: &Path, kept: &Path) -> Result<(), String> {
+    let py = python()?;
+    let repo = common::repo();
+    let work = kept.with_extension("partial");
+    let _ = std::fs::remove_file(&work);
+    let running = PathBuf::from(format!("{}.running", work.display()));
+    let mut answered: Vec<String> = Vec::new();
+    loop {
+        let rest: Vec<&Value> = specs
+            .iter()
+            .filter(|s| !answered.iter().any(|a| s["name"] == json!(a)))
+            .collect();
+        if rest.is_empty() {
+            break;
+        }
+        let batch = json!({
+            "platform": platform(topology),
+            "topology": topology,
+            "library": lib,
+            "cli": env!("CARGO_BIN_EXE_equarx"),
+            "jobs": rest,
+        });
+        let jobs = kept.with_extension("jobs.json");
+        std::fs::write(&jobs, serde_json::to_vec(&batch).unwrap()).map_err(|e| e.to_string())?;
+        let out = Command::new(&py)
+            .arg(repo.join("tests/compilers/compile.py"))
+            .arg(&jobs)
+            .arg(&work)
+            .env("PYTHONPATH", repo.join("python"))
+            .env("EQUARX_LIB", lib)
+            .output()
+            .map_err(|e| format!("run compile.py: {e}"))?;
+        let text = std::fs::read_to_string(&work).unwrap_or_default();
+        answered = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["name"].as_str().map(str::to_string))
+            .collect();
+        if out.status.success() {
+            continue;
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let Ok(victim) = std::fs::read_to_string(&running) else {
+            return Err(format!(
+                "tests/compilers/compile.py failed before any job ({}):\n{}",
+                out.status,
+                tail(&stderr, 3000)
+            ));
+        };
+        let last: String = stderr
+            .lines()
+            .filter(|l| l.contains("Check failed") || l.starts_with('F'))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n");
+        let answer = json!({
+            "name": victim,
+            "ok": false,
+            "error": format!("the compiler aborted the process ({}): {}", out.status,
+                             if last.is_empty() { tail(&stderr, 1500) } else { last }),
+        });
+        let mut all = text;
+        all.push_str(&format!("{answer}\n"));
+        std::fs::write(&work, all).map_err(|e| e.to_string())?;
+        answered.push(victim);
+        let _ = std::fs::remove_file(&running);
+    }
+    std::fs::rename(&work, kept).map_err(|e| format!("{}: {e}", kept.display()))
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let start = s.len().saturating_sub(n);
+    let start = (start..s.len())
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0);
+    s[start..].to_string()
+}
