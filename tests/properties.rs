@@ -232,6 +232,7 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: CASES,
         max_shrink_iters: 2000,
+        rng_seed: common::property_seed(0x0e9a_2026_1203),
         ..ProptestConfig::default()
     })]
 

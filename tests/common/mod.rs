@@ -257,3 +257,16 @@ pub fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
     }
     (num / den).sqrt()
 }
+
+/// The seed of a property test's random cases: fixed, so CI draws the same
+/// cases every run (a failure found elsewhere is replayed from the
+/// `*.proptest-regressions` file beside the test); `PROPTEST_RNG_SEED`
+/// draws others, as `scripts/property-campaign` does, which records what
+/// it ran.
+pub fn property_seed(fixed: u64) -> proptest::test_runner::RngSeed {
+    let seed = std::env::var("PROPTEST_RNG_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(fixed);
+    proptest::test_runner::RngSeed::Fixed(seed)
+}
