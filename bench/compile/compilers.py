@@ -1,0 +1,161 @@
+"""Compile time, kernels and memory in the real XLA:TPU and XLA:GPU, deviceless:
+the original program against equarx's rewrite, through each door, side by side.
+
+    target/compilers/bin/python bench/compile/compilers.py [--runs N] [--programs psum,mlp]
+        [--topologies v5e:2x2,h100x4]
+
+(`scripts/pyenv compilers` makes the venv; EQUARX_LIB names libequarx.so.) Each
+row runs in a process of its own, since a registration at the hook cannot be
+undone and libtpu reads LIBTPU_INIT_ARGS once. Rows per topology:
+
+- original: the program as JAX lowers it;
+- hook: equarx registered at the compiler's pre-scheduler hook with the
+  topology's defaults and `min_payload_bytes=0` (every eligible op) (on XLA:TPU it rewrites nothing: the module is tiled
+  there, and the row shows what equarx's presence costs);
+- before: `equarx.jax.rewrite_lowered`, the same options;
+- libtpu QAR: libtpu's own quantized all-reduce
+  (--xla_tpu_quantized_all_reduce_level=1, size threshold 0), TPU only.
+
+A row compiles a fresh lowering `--runs` times and keeps the lowest wall
+time. Programs: `psum`, one 8 MiB bf16 psum per device (2048 x 2048); `mlp`,
+a 4-layer tensor-parallel MLP (width 2048, hidden 8192, 512 tokens), one psum
+of 2 MiB per layer. Prints one line per row: compile seconds (min of runs),
+the ratio to the original, fusions in the compiled module, the collectives'
+wire types, and the temp memory.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def topology(name):
+    from jax.experimental import topologies
+    if name.startswith("h100x"):
+        with open(os.path.join(REPO, "tests/compilers/h100.txtpb")) as f:
+            cfg = f.read()
+        return topologies.get_topology_desc(topology_name="h100", platform="cuda",
+                                            topology="1x1x" + name[5:], target_config=cfg)
+    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+
+
+def program(name, mesh):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    n = mesh.devices.size
+    if name == "psum":
+        f = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())
+        args = [jax.ShapeDtypeStruct((n * 2048, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, P("x")))]
+        return jax.jit(f), args
+    d, h, s = 2048, 8192, 512
+
+    def mlp(x, w1, w2):
+        for layer in range(4):
+            y = jax.nn.gelu(x @ w1[layer])
+            x = x + jax.lax.psum(y @ w2[layer], "x")
+        return x
+
+    f = jax.shard_map(mlp, mesh=mesh, in_specs=(P(), P(None, None, "x"), P(None, "x", None)),
+                      out_specs=P())
+    args = [jax.ShapeDtypeStruct((s, d), jnp.bfloat16, sharding=NamedSharding(mesh, P())),
+            jax.ShapeDtypeStruct((4, d, h), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, None, "x"))),
+            jax.ShapeDtypeStruct((4, h, d), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "x", None)))]
+    return jax.jit(f), args
+
+
+def one(args):
+    """One row, in this process."""
+    import ctypes
+    import re
+    import numpy as np
+    from jax.sharding import Mesh
+    topo_name, prog, door, runs = args.topology, args.program, args.door, args.runs
+    # The topology's defaults, every eligible op rewritten (on h100 the time
+    # model declines these sizes, and a row that rewrites nothing says
+    # nothing about what a rewrite costs).
+    defaults = {"topology": "h100" if topo_name.startswith("h100") else topo_name.split(":")[0],
+                "min_payload_bytes": 0}
+    topo = topology(topo_name)
+    devices = sorted(topo.devices, key=lambda d: d.id)
+    mesh = Mesh(np.array(devices), ("x",))
+    if door == "hook":
+        sys.path.insert(0, os.path.join(REPO, "tests/compilers"))
+        import compile as tool
+        lib = ctypes.CDLL(os.environ["EQUARX_LIB"])
+        plugin = ctypes.CDLL(tool.plugin_path("gpu" if topo_name.startswith("h100") else "tpu"))
+        plugin.GetPjrtApi.restype = ctypes.c_void_p
+        lib.equarx_pjrt_register.restype = ctypes.c_int
+        err = ctypes.c_void_p()
+        status = lib.equarx_pjrt_register(ctypes.c_void_p(plugin.GetPjrtApi()), None, 0,
+                                          json.dumps(defaults).encode(), ctypes.byref(err))
+        if status:
+            raise SystemExit("register failed: " + ctypes.string_at(err.value).decode())
+    best, compiled = None, None
+    for _ in range(runs):
+        f, fargs = program(prog, mesh)
+        lowered = f.lower(*fargs)
+        if door == "before":
+            import equarx.jax
+            lowered = equarx.jax.rewrite_lowered(lowered, **defaults)
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        wall = time.perf_counter() - t0
+        best = wall if best is None else min(best, wall)
+    text = compiled.as_text()
+    sys.path.insert(0, os.path.join(REPO, "tests/compilers"))
+    import compile as tool
+    collectives, fusions, _ = tool.collectives_of(text)
+    mem = compiled.memory_analysis()
+    print(json.dumps({"compile_s": best, "fusions": fusions,
+                      "wire": sorted({t for _, ts in collectives for t in ts}),
+                      "temp_bytes": mem.temp_size_in_bytes if mem else None}))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--programs", default="psum,mlp")
+    ap.add_argument("--topologies", default="v5e:2x2,h100x4")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--topology", help=argparse.SUPPRESS)
+    ap.add_argument("--program", help=argparse.SUPPRESS)
+    ap.add_argument("--door", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        return one(args)
+    print("%-9s %-5s %-11s %9s %7s %8s %-14s %s" % (
+        "topology", "prog", "row", "compile_s", "ratio", "fusions", "wire", "temp_MiB"))
+    for topo in args.topologies.split(","):
+        doors = ["original", "hook", "before"] + ([] if topo.startswith("h100") else ["libtpu-qar"])
+        for prog in args.programs.split(","):
+            base = None
+            for door in doors:
+                env = dict(os.environ, JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1", TF_CPP_MIN_LOG_LEVEL="3",
+                           PYTHONPATH=os.path.join(REPO, "python"))
+                if door == "libtpu-qar":
+                    env["LIBTPU_INIT_ARGS"] = ("--xla_tpu_quantized_all_reduce_level=1 "
+                                               "--xla_tpu_quantized_all_reduce_size_threshold_mib=0")
+                cmd = [sys.executable, __file__, "--one", "--topology", topo, "--program", prog,
+                       "--door", "original" if door == "libtpu-qar" else door, "--runs", str(args.runs)]
+                run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                lines = [l for l in run.stdout.splitlines() if l.startswith("{")]
+                if run.returncode or not lines:
+                    print("%-9s %-5s %-11s failed: %s" % (topo, prog, door, run.stderr.strip()[-300:]))
+                    continue
+                r = json.loads(lines[-1])
+                base = r["compile_s"] if door == "original" else base
+                print("%-9s %-5s %-11s %9.2f %6.2fx %8d %-14s %.1f" % (
+                    topo, prog, door, r["compile_s"], r["compile_s"] / base if base else float("nan"),
+                    r["fusions"], ",".join(r["wire"]), (r["temp_bytes"] or 0) / 2**20), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
