@@ -50,8 +50,11 @@ impl Emitter<'_, '_, '_> {
         // ReshapeMover (jaxlib 0.10.2) sinks a reshape through a clamp by
         // reshaping every operand, and a scalar bound there is a CHECK
         // failure that aborts the user's process.
-        let lo = self.splat(Const::F32((-format.qmax()).to_bits()), &[nb, bl]);
+        // The lower bound is the upper one negated (exact): one constant and
+        // one broadcast fewer, which keeps the worst rewrite within its
+        // instruction budget (tests/pass_contract.rs).
         let hi = self.splat(Const::F32(format.qmax().to_bits()), &[nb, bl]);
+        let lo = self.b.unary(Opcode::Negate, &hi);
         let codes = match float_type(format) {
             // Integers: round to nearest even, clamp, s8 (int4: two to a
             // byte).
