@@ -297,28 +297,6 @@ fn results_dir() -> PathBuf {
     common::repo().join("target/compilers-results")
 }
 
-/// The compilers' venv python, made on first use.
-fn python() -> Result<PathBuf, String> {
-    static PY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new(common::repo().join("scripts/pyenv"))
-            .arg("compilers")
-            .output()
-            .map_err(|e| format!("cannot run scripts/pyenv compilers: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "scripts/pyenv compilers failed (it installs python/compilers.txt, pinned by SHA-256, \
-                 from PyPI into target/compilers: ~525 MB; needs python3 with venv and PyPI):\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(PathBuf::from(
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        ))
-    })
-    .clone()
-}
-
 /// The batch's key: the SHA-256 of every input its answers depend on.
 fn batch_key(topology: &str, specs: &[Value], lib: &Path) -> Result<String, String> {
     let mut h = Sha256::new();
@@ -386,7 +364,7 @@ fn answers(topology: &str, specs: &[Value]) -> Result<Arc<Answers>, String> {
 /// Runs every job of the batch; a job that kills the process (a compiler
 /// CHECK) is answered as such, and the batch goes on after it.
 fn run_batch(topology: &str, specs: &[Value], lib: &Path, kept: &Path) -> Result<(), String> {
-    let py = python()?;
+    let py = common::venv(common::Venv::Compilers)?;
     let repo = common::repo();
     let work = kept.with_extension("partial");
     let _ = std::fs::remove_file(&work);
@@ -404,7 +382,6 @@ fn run_batch(topology: &str, specs: &[Value], lib: &Path, kept: &Path) -> Result
             "platform": platform(topology),
             "topology": topology,
             "library": lib,
-            "cli": env!("CARGO_BIN_EXE_equarx"),
             "jobs": rest,
         });
         let jobs = kept.with_extension("jobs.json");

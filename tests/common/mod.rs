@@ -60,25 +60,63 @@ pub fn fixture_protos() -> Vec<PathBuf> {
     v
 }
 
-/// The pinned venv's python, made on first use by `scripts/pyenv`.
-pub fn python() -> PathBuf {
-    static PY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new(repo().join("scripts/pyenv"))
-            .output()
-            .map_err(|e| format!("cannot run scripts/pyenv: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "scripts/pyenv failed (it installs python/requirements.txt from PyPI into target/pyenv; \
-                 needs python3 with venv and network access to PyPI):\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
+/// A pinned Python venv that `scripts/pyenv` makes on first use.
+#[derive(Clone, Copy)]
+pub enum Venv {
+    /// `target/pyenv`: jax and jaxlib, so XLA:CPU.
+    Xla,
+    /// `target/compilers`: libtpu and XLA:GPU, deviceless.
+    Compilers,
+}
+
+impl Venv {
+    fn arg(self) -> Option<&'static str> {
+        match self {
+            Venv::Xla => None,
+            Venv::Compilers => Some("compilers"),
         }
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Ok(PathBuf::from(path))
-    })
-    .clone()
-    .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Venv::Xla => "python/requirements.txt from PyPI into target/pyenv",
+            Venv::Compilers => {
+                "python/compilers.txt, pinned by SHA-256, from PyPI into target/compilers (~525 MB)"
+            }
+        }
+    }
+}
+
+/// The venv's python, or a message that says how it failed and what
+/// `scripts/pyenv` needs.
+pub fn venv(v: Venv) -> Result<PathBuf, String> {
+    static PY: [OnceLock<Result<PathBuf, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    PY[v as usize]
+        .get_or_init(|| {
+            let script = repo().join("scripts/pyenv");
+            let out = Command::new(&script)
+                .args(v.arg())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "scripts/pyenv{} failed (it installs {}; needs python3 with venv and \
+                     network access to PyPI):\n{}",
+                    v.arg().map(|a| format!(" {a}")).unwrap_or_default(),
+                    v.what(),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            Ok(PathBuf::from(path))
+        })
+        .clone()
+}
+
+/// The XLA:CPU venv's python; panics with `venv`'s message when it cannot
+/// be made.
+pub fn python() -> PathBuf {
+    venv(Venv::Xla).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A scratch directory under `target/` (kept for post-mortems, cleaned on
