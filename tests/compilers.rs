@@ -17,6 +17,12 @@
 //!   op must say so, and the program must compile as if equarx were not
 //!   there. A case the compilers cannot take says so in its header
 //!   (`compilers: ... no: WHY`).
+//! - `sample::N@TOPOLOGY`: random modules from the property tests'
+//!   generator (fixed seed; 4 or 8 devices), each at the hook of h100 and
+//!   v5e with its random options: it compiles exactly when the same module
+//!   does with equarx disabled (the compiler may refuse a random module
+//!   itself, an f64 one on TPU say, and equarx must not change that), and
+//!   what equarx rewrites carries quantized codes on the wire.
 //! - `before_xla::PLAN@TOPOLOGY`: a `shard_map` psum lowered by JAX and
 //!   rewritten before XLA by `equarx.jax.rewrite_lowered`, for every
 //!   algorithm, rotation and format, on v5e:2x2 and h100 x4: it compiles,
@@ -87,10 +93,18 @@ enum Want {
     Rewritten,
     /// Compiled, nothing rewritten.
     Unchanged,
+    /// Not a test: the plain compile a [`Want::AsPlain`] job is judged
+    /// against.
+    Plain,
     /// Compiled, every op refused with the tiled-stage reason.
     TiledRefusal,
     /// Rewritten before XLA with this algorithm and rotation.
     Plan(String, String),
+    /// A random module: at the hook it compiles exactly when the plain
+    /// compile (the named job, equarx disabled) does, and what equarx
+    /// rewrites carries quantized codes on the wire; at a tiled stage
+    /// (`true`: XLA:TPU) every op is left with the tiled-stage reason.
+    AsPlain(String, bool),
 }
 
 fn main() {
@@ -191,6 +205,7 @@ fn main() {
             }
         }
     }
+    sample_jobs(&mut batches);
     let mut batches: Vec<(String, Vec<Job>)> = batches.into_iter().collect();
     batches.sort_by(|a, b| a.0.cmp(&b.0));
     for (topology, jobs) in batches {
@@ -205,13 +220,16 @@ fn main() {
         );
         let topology = Arc::new(topology);
         for job in jobs {
+            if matches!(job.expect, Want::Plain) {
+                continue;
+            }
             let (specs, topology) = (specs.clone(), topology.clone());
             trials.push(Trial::test(job.name.clone(), move || {
                 let answers = answers(&topology, &specs)?;
                 let got = answers
                     .get(&job.name)
                     .ok_or_else(|| format!("{}: no answer in the batch", job.name))?;
-                judge(&job, got).map_err(Failed::from)
+                judge(&job, got, &answers).map_err(Failed::from)
             }));
         }
     }
@@ -219,8 +237,112 @@ fn main() {
 }
 
 /// What a job's answer must show.
-fn judge(job: &Job, got: &Value) -> Result<(), String> {
+/// Random modules of the property tests' generator (fixed seed), one per
+/// test, each beside its plain compile.
+const SAMPLES: usize = 16;
+
+/// `sample::N@TOPOLOGY` jobs: the first [`SAMPLES`] modules of 4 or 8
+/// devices the property generator makes from a fixed seed, at the hook of
+/// XLA:GPU (h100) and XLA:TPU (v5e), each with its options, and each beside
+/// `sample::N@TOPOLOGY::plain`, the same module with equarx disabled.
+fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
+    use common::random_modules::{Encoding, case};
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[26; 32]),
+    );
+    let dir = results_dir().join("sample");
+    std::fs::create_dir_all(&dir).expect("create target/compilers-results/sample");
+    let strategy = case();
+    let mut taken = 0;
+    while taken < SAMPLES {
+        let c = strategy.new_tree(&mut runner).unwrap().current();
+        let n = c.devices();
+        // Mesh-axes groups need a Shardy mesh a bare module lacks (see the
+        // case files' `compilers: none` headers).
+        if !matches!(n, 4 | 8) || c.encoding == Encoding::MeshAxes {
+            continue;
+        }
+        let path = dir.join(format!("{taken}.hlo"));
+        std::fs::write(&path, c.hlo()).expect("write a sample module");
+        let (replicas, partitions) = c.counts();
+        let options = options_json(&c.rewrite_options());
+        let gpu = gpu_topology(n).expect("an H100 node of 4 or 8");
+        for topology in [gpu, tpu_topologies(n)[0].to_string()] {
+            let name = format!("sample::{taken}@{topology}");
+            let plain = format!("{name}::plain");
+            let spec = |door: &str, options: &Value| {
+                json!({"module": path, "replicas": replicas, "partitions": partitions,
+                       "door": door, "options": options})
+            };
+            let want = Want::AsPlain(plain.clone(), platform(&topology) == "tpu");
+            let jobs = batches.entry(topology.clone()).or_default();
+            jobs.push(Job {
+                name: plain,
+                spec: spec("none", &json!({})),
+                expect: Want::Plain,
+            });
+            jobs.push(Job {
+                name,
+                spec: spec("hook", &options),
+                expect: want,
+            });
+        }
+        taken += 1;
+    }
+}
+
+/// `options` as the JSON the C ABI reads: every option whose value differs
+/// from the default, in the text its schema shows (which its reader takes
+/// back); checked to read back as `options`.
+fn options_json(options: &equarx::RewriteOptions) -> Value {
+    let default = equarx::RewriteOptions::default();
+    let mut map = serde_json::Map::new();
+    for spec in equarx::options::OPTIONS {
+        let shown = (spec.show)(options);
+        if shown != (spec.show)(&default) {
+            let text = shown.unwrap_or_default();
+            let value = if spec.syntax.is_list() {
+                json!(
+                    text.split(',')
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                )
+            } else {
+                json!(text)
+            };
+            map.insert(spec.name.to_string(), value);
+        }
+    }
+    let json = Value::Object(map);
+    let back = equarx::options::from_json(&json.to_string())
+        .unwrap_or_else(|e| panic!("options {json} do not read back: {e}"));
+    assert_eq!(&back, options, "options {json} read back differently");
+    json
+}
+
+fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
     let name = &job.name;
+    if let Want::AsPlain(plain, _) = &job.expect {
+        let base = answers
+            .get(plain)
+            .ok_or_else(|| format!("{name}: no answer for {plain}"))?;
+        if base["ok"] != json!(true) {
+            // The compiler refuses the module itself: equarx must leave it
+            // to refuse it the same way.
+            return if got["ok"] == base["ok"] && failure(got) == failure(base) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{name}: the plain compile failed ({}), the one with equarx answered {got}",
+                    base["error"]
+                ))
+            };
+        }
+    }
     if got["ok"] != json!(true) {
         return Err(format!(
             "{name}: the compiler refused it: {}",
@@ -256,20 +378,28 @@ fn judge(job: &Job, got: &Value) -> Result<(), String> {
                 ));
             }
         }
+        Want::Plain => {}
+        Want::AsPlain(_, tiled) => {
+            if rewritten != 0 && !quantized {
+                return Err(format!(
+                    "{name}: equarx rewrote an op but the wire carries no quantized codes; {}",
+                    summary()
+                ));
+            }
+            if *tiled && !report.iter().all(tiled_refusal) {
+                return Err(format!(
+                    "{name}: at XLA:TPU's hook every op must be left with the tiled-stage reason; {}",
+                    summary()
+                ));
+            }
+        }
         Want::Unchanged => {
             if rewritten != 0 {
                 return Err(format!("{name}: expected no rewrite; {}", summary()));
             }
         }
         Want::TiledRefusal => {
-            let refused = |r: &Value| {
-                r["rewritten"] == json!(false)
-                    && r["stage"] == json!("tiled")
-                    && r["reason"]
-                        .as_str()
-                        .is_some_and(|s| s.contains("tiling assignment"))
-            };
-            if !report.iter().all(refused) {
+            if !report.iter().all(tiled_refusal) {
                 return Err(format!(
                     "{name}: at XLA:TPU's hook every op must be left with the tiled-stage reason; {}",
                     summary()
@@ -291,6 +421,25 @@ fn judge(job: &Job, got: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What a failed compile says, without the process's log lines: an
+/// abort's `Check failed:` line, or the error's first line.
+fn failure(answer: &Value) -> String {
+    let e = answer["error"].as_str().unwrap_or_default();
+    match e.find("Check failed:") {
+        Some(at) => e[at..].lines().next().unwrap_or_default().to_string(),
+        None => e.lines().next().unwrap_or_default().to_string(),
+    }
+}
+
+/// An op equarx left because the module is at XLA:TPU's tiled stage.
+fn tiled_refusal(r: &Value) -> bool {
+    r["rewritten"] == json!(false)
+        && r["stage"] == json!("tiled")
+        && r["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("tiling assignment"))
 }
 
 fn results_dir() -> PathBuf {
