@@ -1,8 +1,8 @@
 """Compile time, kernels and memory in the real XLA:TPU and XLA:GPU, deviceless:
 the original program against equarx's rewrite, through each door, side by side.
 
-    target/compilers/bin/python bench/compile/compilers.py [--runs N] [--programs psum,mlp]
-        [--topologies v5e:2x2,h100x4]
+    target/compilers/bin/python bench/compile/compilers.py [--runs N] [--programs psum,mlp,gemma]
+        [--topologies v5e:2x2,h100x4,v5e:8x8] [--timeout S]
 
 (`scripts/pyenv compilers` makes the venv; EQUARX_LIB names libequarx.so.) Each
 row runs in a process of its own, since a registration at the hook cannot be
@@ -19,7 +19,10 @@ undone and libtpu reads LIBTPU_INIT_ARGS once. Rows per topology:
 A row compiles a fresh lowering `--runs` times and keeps the lowest wall
 time. Programs: `psum`, one 8 MiB bf16 psum per device (2048 x 2048); `mlp`,
 a 4-layer tensor-parallel MLP (width 2048, hidden 8192, 512 tokens), one psum
-of 2 MiB per layer. Prints one line per row: compile seconds (min of runs),
+of 2 MiB per layer; `gemma`, Gemma 3 270M's Megatron forward from
+`bench/model` (bf16, one 512-token window, 36 psums of 640 KiB; the config
+from the model's GGUF, which `bench/model` fetches once; shapes only, no
+weights), at most 4-way (the model has 4 query heads). Prints one line per row: compile seconds (min of runs),
 the ratio to the original, fusions in the compiled module, the collectives'
 wire types, and the temp memory.
 """
@@ -33,22 +36,51 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tests/compilers"))
+import compile as tool  # noqa: E402  (the suite's driver: topologies, plugins, the compiled text's census)
 
 
-def topology(name):
-    from jax.experimental import topologies
-    if name.startswith("h100x"):
-        with open(os.path.join(REPO, "tests/compilers/h100.txtpb")) as f:
-            cfg = f.read()
-        return topologies.get_topology_desc(topology_name="h100", platform="cuda",
-                                            topology="1x1x" + name[5:], target_config=cfg)
-    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+def platform(topology_name):
+    return "gpu" if topology_name.startswith("h100") else "tpu"
 
 
-def program(name, mesh):
+def gemma(devices):
+    """Gemma 3 270M's tensor-parallel forward over `devices`, with its
+    parameters and tokens as shapes."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    sys.path.insert(0, os.path.join(REPO, "bench/model"))
+    from equarx_model import gemma as model, weights
+    cfg = weights.config()
+    D, F, H, hd = cfg.width, cfg.ffn, cfg.heads, cfg.head_dim
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    layer = {"attn_norm": ((D,), f32), "wq": ((H, D, hd), bf16), "wk": ((D, hd), bf16),
+             "wv": ((D, hd), bf16), "q_norm": ((hd,), f32), "k_norm": ((hd,), f32),
+             "wo": ((H, hd, D), bf16), "post_attn_norm": ((D,), f32), "ffn_norm": ((D,), f32),
+             "gate": ((D, F), bf16), "up": ((D, F), bf16), "down": ((F, D), bf16),
+             "post_ffn_norm": ((D,), f32)}
+    params = {"embed": ((cfg.vocab, D), bf16), "final_norm": ((D,), f32),
+              "layers": [layer] * cfg.layers}
+    params = jax.tree_util.tree_map(lambda t: jax.ShapeDtypeStruct(*t), params,
+                                    is_leaf=lambda t: isinstance(t, tuple) and isinstance(t[0], tuple))
+    mesh = Mesh(np.array(devices), (model.AXIS,))
+    shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), model.param_specs(params))
+    params = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
+    tokens = jax.ShapeDtypeStruct((1, 512), jnp.int32, sharding=NamedSharding(mesh, P()))
+    return model.tensor_parallel(cfg, mesh, params), [params, tokens]
+
+
+def program(name, devices):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    if name == "gemma":
+        return gemma(devices)
+    mesh = Mesh(np.array(devices), ("x",))
     n = mesh.devices.size
     if name == "psum":
         f = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())
@@ -73,23 +105,17 @@ def program(name, mesh):
 def one(args):
     """One row, in this process."""
     import ctypes
-    import re
-    import numpy as np
-    from jax.sharding import Mesh
     topo_name, prog, door, runs = args.topology, args.program, args.door, args.runs
     # The topology's defaults, every eligible op rewritten (on h100 the time
     # model declines these sizes, and a row that rewrites nothing says
     # nothing about what a rewrite costs).
     defaults = {"topology": "h100" if topo_name.startswith("h100") else topo_name.split(":")[0],
                 "min_payload_bytes": 0}
-    topo = topology(topo_name)
+    topo = tool.topology(platform(topo_name), topo_name)
     devices = sorted(topo.devices, key=lambda d: d.id)
-    mesh = Mesh(np.array(devices), ("x",))
     if door == "hook":
-        sys.path.insert(0, os.path.join(REPO, "tests/compilers"))
-        import compile as tool
         lib = ctypes.CDLL(os.environ["EQUARX_LIB"])
-        plugin = ctypes.CDLL(tool.plugin_path("gpu" if topo_name.startswith("h100") else "tpu"))
+        plugin = ctypes.CDLL(tool.plugin_path(platform(topo_name)))
         plugin.GetPjrtApi.restype = ctypes.c_void_p
         lib.equarx_pjrt_register.restype = ctypes.c_int
         err = ctypes.c_void_p()
@@ -99,7 +125,7 @@ def one(args):
             raise SystemExit("register failed: " + ctypes.string_at(err.value).decode())
     best, compiled = None, None
     for _ in range(runs):
-        f, fargs = program(prog, mesh)
+        f, fargs = program(prog, devices)
         lowered = f.lower(*fargs)
         if door == "before":
             import equarx.jax
@@ -109,8 +135,6 @@ def one(args):
         wall = time.perf_counter() - t0
         best = wall if best is None else min(best, wall)
     text = compiled.as_text()
-    sys.path.insert(0, os.path.join(REPO, "tests/compilers"))
-    import compile as tool
     collectives, fusions, _ = tool.collectives_of(text)
     mem = compiled.memory_analysis()
     print(json.dumps({"compile_s": best, "fusions": fusions,
@@ -123,6 +147,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--programs", default="psum,mlp")
     ap.add_argument("--topologies", default="v5e:2x2,h100x4")
+    ap.add_argument("--timeout", type=float, default=900,
+                    help="seconds a row may take before it is reported as timed out (default 900)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--topology", help=argparse.SUPPRESS)
     ap.add_argument("--program", help=argparse.SUPPRESS)
@@ -144,7 +170,13 @@ def main(argv=None):
                                                "--xla_tpu_quantized_all_reduce_size_threshold_mib=0")
                 cmd = [sys.executable, __file__, "--one", "--topology", topo, "--program", prog,
                        "--door", "original" if door == "libtpu-qar" else door, "--runs", str(args.runs)]
-                run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                try:
+                    run = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                                         timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    print("%-9s %-5s %-11s timed out after %.0f s" % (topo, prog, door, args.timeout),
+                          flush=True)
+                    continue
                 lines = [l for l in run.stdout.splitlines() if l.startswith("{")]
                 if run.returncode or not lines:
                     print("%-9s %-5s %-11s failed: %s" % (topo, prog, door, run.stderr.strip()[-300:]))
