@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{equarx, fixtures_dir, scratch};
+use common::{doc_block, equarx, fixtures_dir, scratch};
 use serde_json::Value;
 
 fn run(args: &[&str]) -> (String, String) {
@@ -671,4 +671,33 @@ fn simulate_on_saved_inputs_puts_each_plans_error_beside_both_predictions() {
         &["simulate", "--inputs", &n],
         "an all-reduce needs at least 2",
     );
+}
+
+/// The README's CLI example, line by line as it stands, in a directory
+/// where `module.pb` is the shipped tensor-parallel block.
+#[test]
+fn the_readme_cli_example_runs() {
+    let block = doc_block("README.md", "tests/cli.rs::the_readme_cli_example_runs");
+    let dir = scratch("readme_cli");
+    std::fs::copy(
+        fixtures_dir().join("tp_block_spmd.pb"),
+        dir.join("module.pb"),
+    )
+    .unwrap();
+    let mut ran = 0;
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[0], "equarx", "{line}");
+        let o = equarx()
+            .args(&words[1..])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "`{line}` failed: {err}");
+        ran += 1;
+    }
+    assert!(ran >= 4, "{block}");
+    let report = std::fs::read_to_string(dir.join("module.equarx.txt")).unwrap();
+    assert!(report.contains("collective-permute") || report.contains("all-to-all"));
 }

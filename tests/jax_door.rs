@@ -250,3 +250,32 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         "sequence-parallel MLP error {err}"
     );
 }
+
+/// The README's example of the door before XLA, as it stands: a
+/// `shard_map` psum lowered, rewritten by `equarx.jax.rewrite_lowered`,
+/// compiled and run on 8 CPU devices, no registration.
+#[test]
+fn the_readme_door_before_xla_runs() {
+    let snippet = common::doc_block(
+        "README.md",
+        "tests/jax_door.rs::the_readme_door_before_xla_runs",
+    );
+    let dir = common::scratch("readme_rewrite_lowered");
+    std::fs::write(dir.join("snippet.py"), &snippet).unwrap();
+    let out = Command::new(common::python())
+        .arg("snippet.py")
+        .env("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+        .env("JAX_PLATFORMS", "cpu")
+        .env("PYTHONPATH", common::repo().join("python"))
+        .env("EQUARX_LIB", doors::cdylib())
+        .current_dir(&dir)
+        .output()
+        .expect("run the README's snippet");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "README.md's snippet failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("1 of 1 collectives rewritten"), "{stdout}");
+}

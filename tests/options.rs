@@ -7,10 +7,11 @@
 //! re-parsed an option would accept its refused value, or answer with
 //! another message.
 //!
-//! The docs are made from the same list: the README's table and the key
-//! lists of `cpp_shim/README.md` and `cpp_shim/include/equarx.h` must be
-//! what `equarx::options` generates (`EQUARX_BLESS=1` rewrites them), and
-//! `--help` must show every flag.
+//! The docs are made from the same list: the README's short table (made
+//! here from each option's help), docs/options.md's table of reasons and
+//! the key lists of `cpp_shim/README.md` and `cpp_shim/include/equarx.h`
+//! must be what `equarx::options` generates (`EQUARX_BLESS=1` rewrites
+//! them), and `--help` must show every flag.
 
 mod common;
 mod doors;
@@ -331,6 +332,33 @@ fn generated_block(path: &str, begin: &str, end: &str, generated: &str, stale: &
     }
 }
 
+/// The README's short table: each option, its default, and its one-line
+/// help up to the first clause (`Elements per quantization block`); the
+/// reasons, `equarx::options::markdown_table()`, are in docs/options.md.
+fn readme_table() -> String {
+    let mut out = String::from("| option | default | what |\n|---|---|---|\n");
+    for o in OPTIONS {
+        let aliases: String = o
+            .aliases
+            .iter()
+            .map(|a| format!(", `--{}`", a.replace('_', "-")))
+            .collect();
+        let cut = [": ", " (", "; ", ". "]
+            .iter()
+            .filter_map(|sep| o.help.find(sep))
+            .min()
+            .unwrap_or(o.help.len());
+        let what = o.help[..cut].trim_end_matches('.');
+        out.push_str(&format!(
+            "| `--{}` {}{aliases} | {} | {what} |\n",
+            o.flag(),
+            o.syntax.placeholder().replace('|', "\\|"),
+            o.default_text(),
+        ));
+    }
+    out
+}
+
 #[test]
 fn docs_are_made_from_the_option_list() {
     let begin = "BEGIN options: made from core/src/options/schema.rs";
@@ -339,7 +367,15 @@ fn docs_are_made_from_the_option_list() {
         "README.md",
         begin,
         "<!-- END options -->",
-        &equarx::options::markdown_table(),
+        &readme_table(),
+        &mut stale,
+    );
+    generated_block(
+        "docs/options.md",
+        begin,
+        "<!-- END options -->",
+        // The table's links are written from the repository's root.
+        &equarx::options::markdown_table().replace("](BENCHMARKS.md)", "](../BENCHMARKS.md)"),
         &mut stale,
     );
     generated_block(

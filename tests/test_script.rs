@@ -239,13 +239,19 @@ fn ci_runs_exactly_the_readme_test_command() {
             "exec scripts/test"
         ]
     );
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    assert!(
-        readme.contains("\nscripts/test            # every test (= .ci/run)"),
-        "the README's test command is scripts/test"
+    // The README's two commands, as its marked block shows them: this
+    // file's other tests run scripts/test, tests/demo.rs runs scripts/demo.
+    let block = common::doc_block(
+        "README.md",
+        "tests/test_script.rs::ci_runs_exactly_the_readme_test_command",
     );
+    let commands: Vec<&str> = block
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["scripts/demo", "scripts/test"], "{block}");
     assert!(
-        readme.contains("\nscripts/demo            #"),
-        "the README's demo command is scripts/demo"
+        block.contains("\nscripts/test            # every test (= .ci/run)"),
+        "the README's test command is scripts/test: {block}"
     );
 }

@@ -128,15 +128,35 @@ fn core_version() -> String {
         .to_string()
 }
 
-/// The ```python block after the README's snippet marker.
-fn readme_snippet() -> String {
-    let readme = std::fs::read_to_string(common::repo().join("README.md")).unwrap();
-    let after = readme
-        .split_once("<!-- snippet: tests/wheel.rs runs it -->")
-        .expect("the README marks its snippet")
-        .1;
-    let block = after.split_once("```python\n").expect("a python block").1;
-    block.split_once("```").unwrap().0.to_string()
+/// The README's blocks that this test runs: how to install (`scripts/wheel`,
+/// then `pip install` of the wheel) and the JAX snippet.
+fn readme_blocks() -> (String, String) {
+    let mut blocks = common::doc_blocks(
+        "README.md",
+        "tests/wheel.rs::the_wheel_installs_offline_and_rewrites_a_tensor_parallel_block_from_a_fresh_venv",
+    );
+    assert_eq!(
+        blocks.len(),
+        2,
+        "the README marks its install block and its snippet"
+    );
+    let snippet = blocks.pop().unwrap();
+    let install = blocks.pop().unwrap();
+    let commands: Vec<Vec<&str>> = install
+        .lines()
+        .map(|l| l.split('#').next().unwrap().split_whitespace().collect())
+        .filter(|w: &Vec<&str>| !w.is_empty())
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            vec!["scripts/wheel"],
+            vec!["pip", "install", "target/wheels/equarx-*.whl"]
+        ],
+        "this test runs scripts/wheel and pip-installs the wheel it made: {install}"
+    );
+    assert!(snippet.contains("import"), "{snippet}");
+    (install, snippet)
 }
 
 /// A command in the fresh venv's world: the checkout out of reach.
@@ -156,6 +176,10 @@ fn isolated(program: &Path, cwd: &Path) -> Command {
 #[test]
 fn the_wheel_installs_offline_and_rewrites_a_tensor_parallel_block_from_a_fresh_venv() {
     let started = Instant::now();
+    // What the README shows, before anything is built: its install block
+    // is what steps 1 and 2 do (into a scratch dir and a fresh venv), and
+    // step 5 runs its snippet.
+    let (_install, snippet) = readme_blocks();
     let repo = common::repo();
     let (target, profile) = target_and_profile();
     let wheelhouse = wheelhouse(&target);
@@ -321,7 +345,7 @@ fn the_wheel_installs_offline_and_rewrites_a_tensor_parallel_block_from_a_fresh_
     );
 
     // 5. The README's snippet, as a user pastes it.
-    std::fs::write(work.join("snippet.py"), readme_snippet()).unwrap();
+    std::fs::write(work.join("snippet.py"), &snippet).unwrap();
     let t = Instant::now();
     let out = run(
         isolated(&py, &work).arg("snippet.py"),

@@ -60,6 +60,64 @@ pub fn fixture_protos() -> Vec<PathBuf> {
     v
 }
 
+/// A `<!-- run by: TEST, TEST, from FILE -->` line: the tests
+/// (`tests/cli.rs::readme_cli`) and the files they take the block from.
+pub fn run_by(line: &str) -> Option<(Vec<&str>, Vec<&str>)> {
+    let inner = line
+        .trim()
+        .strip_prefix("<!-- run by:")?
+        .strip_suffix("-->")?;
+    let (mut tests, mut from) = (Vec::new(), Vec::new());
+    for item in inner.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.strip_prefix("from ") {
+            Some(file) => from.push(file.trim()),
+            None => tests.push(item),
+        }
+    }
+    Some((tests, from))
+}
+
+/// The bodies of the fenced code blocks that follow a marker
+/// `<!-- run by: ... -->` naming `test` (`tests/cli.rs::readme_cli`) in the
+/// doc at `doc` (a repository path), in the doc's order. Tests that run a
+/// doc's snippet read it from the doc through this, so the doc and the
+/// test cannot drift; `tests/docs.rs` checks that every block is run so,
+/// or says why not.
+pub fn doc_blocks(doc: &str, test: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join(doc))
+        .unwrap_or_else(|e| panic!("cannot read {doc}: {e}"));
+    let lines: Vec<&str> = text.lines().collect();
+    let mut blocks = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if !run_by(l).is_some_and(|(tests, _)| tests.contains(&test)) {
+            continue;
+        }
+        let mut rest = lines[i + 1..].iter().skip_while(|l| l.trim().is_empty());
+        let fence = rest.next().copied().unwrap_or_default();
+        assert!(
+            fence.starts_with("```"),
+            "{doc}: the line after a marker for {test} opens no code block"
+        );
+        let body: String = rest
+            .take_while(|l| !l.starts_with("```"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        blocks.push(body);
+    }
+    assert!(
+        !blocks.is_empty(),
+        "{doc} has no `<!-- run by: {test} -->` marker"
+    );
+    blocks
+}
+
+/// The one block [`doc_blocks`] finds for `test`.
+pub fn doc_block(doc: &str, test: &str) -> String {
+    let mut blocks = doc_blocks(doc, test);
+    assert_eq!(blocks.len(), 1, "{doc}: one block marked for {test}");
+    blocks.remove(0)
+}
+
 /// A pinned Python venv that `scripts/pyenv` makes on first use.
 #[derive(Clone, Copy)]
 pub enum Venv {
