@@ -199,6 +199,16 @@ impl Prediction {
     }
 }
 
+/// The cost model's view of one rewrite, as the pass reports it: the
+/// [`Prediction`] on the named topology.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PredictedTime {
+    pub topology: String,
+    pub bf16_us: f64,
+    pub equarx_us: f64,
+    pub speedup: f64,
+}
+
 const BYTES_PER_US_PER_GBPS: f64 = 1e3; // 1 GB/s = 1e3 bytes/µs
 
 /// The transfer time of an exchange (all-to-all) sending `bytes` per

@@ -23,8 +23,8 @@
 //!    model deciding) that the model predicts slower, is a skip.
 
 use super::eligibility::Candidate;
-use super::report::{PredictedTime, SkipReason};
-use crate::cost::{Prediction, predict};
+use super::skip::SkipReason;
+use crate::cost::{PredictedTime, Prediction, predict};
 use crate::numerics::error::{Data, predicted};
 use crate::options::Options;
 use crate::plan::{

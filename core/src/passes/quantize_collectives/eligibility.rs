@@ -13,7 +13,7 @@
 //! enabled-type list (for floating-point operands); `"false"` opts out.
 
 use super::groups::{Participants, participants};
-use super::report::SkipReason;
+use super::skip::{FORCE_ATTRIBUTE, SkipReason};
 use crate::ir::DeviceCounts;
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, InstrId, Module, shape};
@@ -21,10 +21,6 @@ use crate::numerics::QUANTIZABLE;
 use crate::options::Options;
 use crate::plan::Collective;
 use crate::proto::{HloInstructionProto, ShapeProto};
-
-/// Frontend attribute that forces the rewrite on (`"true"`) or off
-/// (`"false"`) for one all-reduce.
-pub const FORCE_ATTRIBUTE: &str = "equarx.quantize";
 
 /// A collective the pass will rewrite.
 #[derive(Clone, Debug)]
@@ -287,13 +283,13 @@ fn single_done(
     start: &HloInstructionProto,
     done_opcode: Opcode,
 ) -> Result<InstrId, SkipReason> {
-    let users: Vec<&HloInstructionProto> = comp
-        .instructions()
-        .iter()
-        .filter(|i| i.operand_ids.contains(&start.id))
-        .collect();
-    match users.as_slice() {
-        [done] if Opcode::of(done) == Some(done_opcode) && comp.root_id().0 != start.id => {
+    let users = comp.users();
+    let only_user = match users.get(&InstrId(start.id)).map(Vec::as_slice) {
+        Some(&[done]) => comp.get(done),
+        _ => None,
+    };
+    match only_user {
+        Some(done) if Opcode::of(done) == Some(done_opcode) && comp.root_id().0 != start.id => {
             Ok(InstrId(done.id))
         }
         _ => Err(SkipReason::AsyncShape),

@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 
-use super::SkipReason;
+use super::skip::SkipReason;
 use crate::ir::DeviceCounts;
 use crate::ir::groups::{GroupEncoding, GroupMode, MAX_DEVICES, ReplicaGroups};
 use crate::plan::Axis;

@@ -40,10 +40,12 @@ pub mod eligibility;
 pub mod emit;
 pub mod groups;
 pub mod report;
+pub mod skip;
 pub mod splice;
 
 use choose::{Choice, choose};
-use report::{Basis, OpReport, SkipReason, describe};
+use report::{Basis, OpReport, describe};
+use skip::SkipReason;
 use splice::{Reducers, splice};
 
 use super::{Pass, PassError, Stage};

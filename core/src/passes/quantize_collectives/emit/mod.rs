@@ -68,8 +68,9 @@ pub struct EmitInputs<'a> {
     pub dimension: Option<i64>,
 }
 
-/// What [`emit`] made.
-pub struct Emitted {
+/// The plan as [`emit`] wrote it: the values that replace the operands'
+/// results, and the computations it added for them.
+pub struct EmittedPlan {
     /// One value per operand, shaped like `results`.
     pub values: Vec<Value>,
     /// The computations it added (loop bodies and conditions).
@@ -77,7 +78,7 @@ pub struct Emitted {
 }
 
 /// Emits the plan; returns one value per operand.
-pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
+pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     let plan = inputs.plan;
     let mut computations = Vec::new();
     let mut e = Emitter::new(b, inputs, &mut computations);
@@ -122,7 +123,7 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
         Collective::ReduceScatter => e.unpack_owned(&held),
         Collective::AllGather | Collective::AllToAll => e.unpack_rows(&values.unwrap_or(held)),
     };
-    Emitted {
+    EmittedPlan {
         values: out,
         computations,
     }
