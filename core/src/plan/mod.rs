@@ -158,6 +158,22 @@ crate::choice_enum! {
     }
 }
 
+impl Algorithm {
+    /// The grid the algorithm reduces over in a group of `p`: none for the
+    /// ring and two-shot; for two-level the `given` one (a topology's 2-D
+    /// slice), or else the most balanced ([`Grid::balanced`]), and
+    /// [`PlanError::NoGrid`] for a group that has none (a prime size).
+    pub fn grid(self, p: usize, given: Option<Grid>) -> Result<Option<Grid>, PlanError> {
+        match self {
+            Algorithm::Ring | Algorithm::TwoShot => Ok(None),
+            Algorithm::TwoLevel => given
+                .or_else(|| Grid::balanced(p))
+                .map(Some)
+                .ok_or(PlanError::NoGrid(p)),
+        }
+    }
+}
+
 /// The `outer × inner` grid a two-level plan reduces over: rank
 /// `r = i·inner + j` has coordinate `i` on the outer axis, `j` on the inner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -237,6 +253,28 @@ pub struct Config {
     pub bidirectional: bool,
     pub gather: GatherForm,
     pub form: Form,
+}
+
+impl Default for Config {
+    /// The pass's defaults (the one place they are written;
+    /// [`crate::options::Options`] takes its own from here): blocks of 64
+    /// int8 codes with bf16 scales, one lane per direction of a
+    /// bidirectional ring, one all-gather, the loop form; a ring without
+    /// rotation (the pass picks those per op).
+    fn default() -> Self {
+        Config {
+            algorithm: Algorithm::Ring,
+            grid: None,
+            rotation: Rotation::None,
+            block: 64,
+            scale_type: ScaleType::Bf16,
+            format: QuantFormat::Int8,
+            pipeline_depth: 1,
+            bidirectional: true,
+            gather: GatherForm::AllGather,
+            form: Form::Loop,
+        }
+    }
 }
 
 impl Config {
@@ -702,14 +740,7 @@ pub(crate) fn test_config(algorithm: Algorithm) -> Config {
     Config {
         algorithm,
         grid: (algorithm == Algorithm::TwoLevel).then_some(Grid { outer: 2, inner: 4 }),
-        rotation: Rotation::None,
-        block: 64,
-        scale_type: ScaleType::Bf16,
-        format: QuantFormat::Int8,
-        pipeline_depth: 1,
-        bidirectional: true,
-        gather: GatherForm::AllGather,
-        form: Form::Loop,
+        ..Config::default()
     }
 }
 

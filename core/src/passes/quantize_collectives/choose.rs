@@ -28,7 +28,7 @@ use crate::cost::{PredictedTime, Prediction, predict};
 use crate::numerics::error::{Data, predicted};
 use crate::options::Options;
 use crate::plan::{
-    Algorithm, Collective, Config, Form, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
+    Algorithm, Collective, Config, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
 };
 
 /// The plan an op gets, with the time model's view of it.
@@ -124,24 +124,19 @@ fn topology_grid(p: usize, options: &Options) -> Option<Grid> {
 /// algorithm, each without and (where allowed) with rotation.
 fn configurations(p: usize, options: &Options) -> Vec<Config> {
     let grid = topology_grid(p, options);
-    let algorithms: Vec<(Algorithm, Option<Grid>)> = match options.algorithm {
-        Some(Algorithm::Ring) => vec![(Algorithm::Ring, None)],
-        Some(Algorithm::TwoShot) => vec![(Algorithm::TwoShot, None)],
-        Some(Algorithm::TwoLevel) => grid
-            .or_else(|| Grid::balanced(p))
-            .map(|g| (Algorithm::TwoLevel, Some(g)))
-            .into_iter()
-            .collect(),
+    let algorithms: Vec<Algorithm> = match options.algorithm {
+        Some(algorithm) => vec![algorithm],
         // Two-level only where the machine is a 2-D slice of the group.
-        None => [
-            Some((Algorithm::Ring, None)),
-            Some((Algorithm::TwoShot, None)),
-            grid.map(|g| (Algorithm::TwoLevel, Some(g))),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
+        None => [Algorithm::Ring, Algorithm::TwoShot]
+            .into_iter()
+            .chain(grid.map(|_| Algorithm::TwoLevel))
+            .collect(),
     };
+    // An asked-for two-level over a group with no grid leaves nothing.
+    let algorithms: Vec<(Algorithm, Option<Grid>)> = algorithms
+        .into_iter()
+        .filter_map(|a| Some((a, a.grid(p, grid).ok()?)))
+        .collect();
     // Rotation evens out a block's magnitudes: it helps an integer code,
     // whose step follows the block's largest value, and hurts a float
     // code, which would otherwise hold that largest value exactly.
@@ -158,22 +153,7 @@ fn configurations(p: usize, options: &Options) -> Vec<Config> {
     let mut out = Vec::new();
     for &(algorithm, grid) in &algorithms {
         for &rotation in rotations {
-            out.push(Config {
-                algorithm,
-                grid,
-                rotation,
-                block: options.block_size,
-                scale_type: options.scale_type,
-                format: options.quant_format,
-                pipeline_depth: options.pipeline_depth,
-                bidirectional: options.bidirectional,
-                gather: options.gather,
-                form: if options.unroll {
-                    Form::Unrolled
-                } else {
-                    Form::Loop
-                },
-            });
+            out.push(options.config(algorithm, grid, rotation));
         }
     }
     out
