@@ -1,5 +1,6 @@
-//! The plan of one quantized all-reduce: who sends what to whom, in what
-//! order, how often each value is quantized, and the message layout.
+//! The plan of one quantized collective (all-reduce, reduce-scatter,
+//! all-gather, all-to-all): who sends what to whom, in what order, how
+//! often each value is quantized, and the message layout.
 //!
 //! A plan is decided before any HLO is emitted, and four readers take
 //! their numbers from it and from nothing else:
