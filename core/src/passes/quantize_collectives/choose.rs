@@ -168,7 +168,7 @@ struct Scored {
 }
 
 /// [`choose`] for a payload over groups of `p`; `forced` waives the
-/// requirement that the rewrite pay.
+/// requirement that the rewrite pay. The steps of the module doc, in order.
 pub fn choose_plan(
     p: usize,
     payload: &Payload,
@@ -176,18 +176,30 @@ pub fn choose_plan(
     data: Data,
     options: &Options,
 ) -> Result<Choice, SkipReason> {
+    let configs = candidates(p, payload.collective, options)?;
+    let scored = predictions(p, payload, data, options, configs)?;
+    let within = within_budget(scored, options)?;
+    worth_it(p, payload, forced, options, fastest_most_exact(within))
+}
+
+/// Step 1: the configurations to plan for `collective` over groups of `p`.
+fn candidates(
+    p: usize,
+    collective: Collective,
+    options: &Options,
+) -> Result<Vec<Config>, SkipReason> {
     let mut configs = configurations(p, options);
     // The gather and the exchange of rows have no reduce algorithm to pick.
-    if matches!(
-        payload.collective,
-        Collective::AllGather | Collective::AllToAll
-    ) {
-        if let Some(first) = configs.first().map(|c| c.algorithm) {
-            configs.retain(|c| c.algorithm == first);
-        }
-        for c in &mut configs {
-            c.algorithm = Algorithm::Ring;
-            c.grid = None;
+    match collective {
+        Collective::AllReduce | Collective::ReduceScatter => {}
+        Collective::AllGather | Collective::AllToAll => {
+            if let Some(first) = configs.first().map(|c| c.algorithm) {
+                configs.retain(|c| c.algorithm == first);
+            }
+            for c in &mut configs {
+                c.algorithm = Algorithm::Ring;
+                c.grid = None;
+            }
         }
     }
     if configs.is_empty() {
@@ -195,6 +207,18 @@ pub fn choose_plan(
         // whose size has no grid.
         return Err(SkipReason::Plan(PlanError::NoGrid(p)));
     }
+    Ok(configs)
+}
+
+/// Step 2: every configuration planned, timed and given its predicted
+/// error; the first planning error when none could be planned.
+fn predictions(
+    p: usize,
+    payload: &Payload,
+    data: Data,
+    options: &Options,
+    configs: Vec<Config>,
+) -> Result<Vec<Scored>, SkipReason> {
     let mut scored = Vec::new();
     let mut first_error = None;
     for config in configs {
@@ -220,12 +244,17 @@ pub fn choose_plan(
     }
     if scored.is_empty() {
         // Every configuration was planned and refused (there was at least
-        // one, checked above, so there is a first reason): say it.
+        // one, [`candidates`] checks), so there is a first reason: say it.
         let Some(e) = first_error else {
             unreachable!("no configuration planned, yet none was refused")
         };
         return Err(SkipReason::Plan(e));
     }
+    Ok(scored)
+}
+
+/// Step 3: the plans the error budget keeps (at least one), or why none.
+fn within_budget(mut scored: Vec<Scored>, options: &Options) -> Result<Vec<Scored>, SkipReason> {
     let most_exact = |scored: &[Scored]| {
         scored
             .iter()
@@ -263,23 +292,22 @@ pub fn choose_plan(
             scored.retain(|s| s.error_pct <= predicted);
         }
     }
-    // The fastest plan (by total order: a NaN prediction sorts last), then
-    // among those within CHEAP of it, itself included, the most exact.
+    Ok(scored)
+}
+
+/// Step 4: the fastest plan (by total order: a NaN prediction sorts last),
+/// then among those within [`CHEAP`] of it, itself included, the most
+/// exact. `scored` holds at least one plan.
+fn fastest_most_exact(scored: Vec<Scored>) -> Scored {
     let fastest = scored
         .iter()
         .map(|s| s.time.equarx_us)
         .min_by(f64::total_cmp)
         .unwrap_or(f64::INFINITY);
-    let mut near: Vec<Scored> = Vec::new();
-    let mut rest: Vec<Scored> = Vec::new();
-    for s in scored {
-        if s.time.equarx_us <= CHEAP * fastest {
-            near.push(s);
-        } else {
-            rest.push(s);
-        }
-    }
-    // `scored` held a plan (checked above), so `near` or `rest` does.
+    let (near, rest): (Vec<Scored>, Vec<Scored>) = scored
+        .into_iter()
+        .partition(|s| s.time.equarx_us <= CHEAP * fastest);
+    // `scored` held a plan, so `near` or `rest` does.
     let pool = if near.is_empty() { rest } else { near };
     let Some(chosen) = pool.into_iter().min_by(|a, b| {
         a.error_pct
@@ -288,10 +316,24 @@ pub fn choose_plan(
     }) else {
         unreachable!("a non-empty set of plans has a most exact one")
     };
+    chosen
+}
+
+/// Step 5: the chosen plan, if it sends fewer bytes and (with the cost
+/// model deciding) the model predicts it faster; `forced` waives both.
+fn worth_it(
+    p: usize,
+    payload: &Payload,
+    forced: bool,
+    options: &Options,
+    chosen: Scored,
+) -> Result<Choice, SkipReason> {
     let (plan, prediction) = (chosen.plan, chosen.time);
     let before = baseline_wire_bytes(payload.collective, p, payload.bytes);
     if plan.wire_bytes() >= before && !forced {
         return Err(SkipReason::NoGain {
+            collective: payload.collective.opcode(),
+            plan: plan.algorithm_name(),
             before,
             after: plan.wire_bytes(),
         });
@@ -303,7 +345,11 @@ pub fn choose_plan(
         speedup: prediction.speedup(),
     };
     if options.min_payload_bytes.is_none() && !forced && time.speedup < 1.0 {
-        return Err(SkipReason::NotFaster(time));
+        return Err(SkipReason::NotFaster {
+            time,
+            collective: payload.collective.opcode(),
+            plan: plan.algorithm_name(),
+        });
     }
     Ok(Choice { plan, time })
 }

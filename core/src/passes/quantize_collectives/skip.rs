@@ -64,15 +64,29 @@ pub enum SkipReason {
     #[error("payload of {bytes} bytes is below the minimum of {min} (see --min-payload)")]
     BelowThreshold { bytes: u64, min: u64 },
     #[error(
-        "padding to P·L·B makes the quantized ring send {after} bytes, not fewer than {before}"
+        "padded to whole blocks, the quantized {collective} ({plan}) sends {after} bytes, \
+         not fewer than {before}"
     )]
-    NoGain { before: u64, after: u64 },
+    NoGain {
+        /// The collective's opcode.
+        collective: &'static str,
+        /// The plan's algorithm, as the report names it.
+        plan: String,
+        before: u64,
+        after: u64,
+    },
     #[error(
-        "the cost model predicts no gain on {}: {:.2}x (bf16 ring {:.1} us, equarx {:.1} us; \
-         a model, see --topology, or force with --min-payload)",
-        .0.topology, .0.speedup, .0.bf16_us, .0.equarx_us
+        "the cost model predicts no gain on {}: {:.2}x ({collective} in its own type {:.1} us, \
+         equarx {plan} {:.1} us; a model, see --topology, or force with --min-payload)",
+        .time.topology, .time.speedup, .time.bf16_us, .time.equarx_us
     )]
-    NotFaster(PredictedTime),
+    NotFaster {
+        time: PredictedTime,
+        /// The collective's opcode.
+        collective: &'static str,
+        /// The plan's algorithm, as the report names it.
+        plan: String,
+    },
     #[error("{0}")]
     Plan(#[from] PlanError),
     #[error(
