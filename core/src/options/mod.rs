@@ -37,6 +37,8 @@
 //! Nothing else: the CLI, C, C++, Python and PJRT doors pick it up, and
 //! `tests/options.rs` and `tests/cpp_pipeline.rs` send the example and the
 //! refused value through each of them.
+//!
+//! Adding a format, an algorithm or a collective kind: `docs/extending.md`.
 
 mod docs;
 mod readers;

@@ -103,7 +103,15 @@ impl QuantFormat {
     pub fn bits(self) -> usize {
         match self {
             QuantFormat::Int4 => 4,
-            _ => 8,
+            QuantFormat::Int8 | QuantFormat::Fp8E4m3 | QuantFormat::Fp8E5m2 => 8,
+        }
+    }
+
+    /// Whether two codes share a byte (so a block holds an even number).
+    pub fn packs_two_per_byte(self) -> bool {
+        match self {
+            QuantFormat::Int4 => true,
+            QuantFormat::Int8 | QuantFormat::Fp8E4m3 | QuantFormat::Fp8E5m2 => false,
         }
     }
 
@@ -296,7 +304,7 @@ pub fn check_block(block: usize, format: QuantFormat, rotation: Rotation) -> Res
     if rotation == Rotation::Hadamard && !block.is_power_of_two() {
         return Err(PlanError::RotationBlock(block));
     }
-    if format == QuantFormat::Int4 && block % 2 != 0 {
+    if format.packs_two_per_byte() && block % 2 != 0 {
         return Err(PlanError::OddInt4Block(block));
     }
     Ok(())
@@ -740,7 +748,10 @@ pub fn baseline_wire_bytes(collective: Collective, group_size: usize, operand_by
 pub(crate) fn test_config(algorithm: Algorithm) -> Config {
     Config {
         algorithm,
-        grid: (algorithm == Algorithm::TwoLevel).then_some(Grid { outer: 2, inner: 4 }),
+        grid: algorithm
+            .grid(8, Some(Grid { outer: 2, inner: 4 }))
+            .ok()
+            .flatten(),
         ..Config::default()
     }
 }
@@ -827,7 +838,9 @@ mod tests {
             let plan = Plan::rows(collective, 8, row, &config(Algorithm::Ring)).unwrap();
             let operand = match collective {
                 Collective::AllGather => 2 * row as u64,
-                _ => 2 * 8 * row as u64,
+                Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => {
+                    2 * 8 * row as u64
+                }
             };
             let ratio =
                 baseline_wire_bytes(collective, 8, operand) as f64 / plan.wire_bytes() as f64;
