@@ -3,6 +3,8 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use equarx::ir::Module;
+use equarx::passes::quantize_collectives::report::{CollectiveOp, describe};
 
 use crate::args::{InputArgs, PassArgs};
 use crate::tables::{self, Align, Columns};
@@ -26,9 +28,9 @@ pub fn run(a: AnalyzeArgs) -> Result<()> {
         return analyze_predicted(&a);
     }
     let loaded = a.input.load()?;
-    let module = equarx::ir::Module::from_proto(loaded.module);
+    let module = Module::from_proto(loaded.module);
     equarx::verify::verify(&module).with_context(|| a.input.input.display().to_string())?;
-    let list = equarx::passes::quantize_collectives::report::collectives(&module);
+    let list = collectives(&module);
     if a.json {
         say!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
@@ -59,6 +61,21 @@ pub fn run(a: AnalyzeArgs) -> Result<()> {
     say_raw!("{}", t.render());
     say!("{} collectives", list.len());
     Ok(())
+}
+
+/// Every collective of `module`, in module order, described as the pass's
+/// report describes it.
+fn collectives(module: &Module) -> Vec<CollectiveOp> {
+    module
+        .computations()
+        .iter()
+        .flat_map(|c| {
+            c.instructions()
+                .iter()
+                .filter(|i| equarx::ir::opcode::is_collective(&i.opcode))
+                .map(move |i| describe(c, i))
+        })
+        .collect()
 }
 
 /// `analyze --topology`: what the pass would do to each collective, with

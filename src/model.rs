@@ -10,7 +10,7 @@ use equarx::Options;
 use equarx::cost::{Prediction, Topology, predict};
 use equarx::numerics::error::Data;
 use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
-use equarx::passes::quantize_collectives::report::SkipReason;
+use equarx::passes::quantize_collectives::skip::SkipReason;
 use equarx::plan::Rotation;
 use equarx::plan::{Collective, Plan};
 

@@ -197,7 +197,7 @@ fn plot_errors(rows: &[simulate::SweepRow], path: &Path) -> Result<()> {
 /// predicted.
 fn on_inputs(a: &SimulateArgs, path: &Path) -> Result<()> {
     use equarx::numerics::check::{Checked, check};
-    use equarx::plan::{Config, Form, GatherForm, Grid};
+    use equarx::plan::Config;
     let wanted = |name: &str| {
         a.arrays.is_empty()
             || a.arrays.iter().any(|w| match w.strip_suffix('*') {
@@ -238,12 +238,10 @@ fn on_inputs(a: &SimulateArgs, path: &Path) -> Result<()> {
             .collect();
         let mut configs = Vec::new();
         for &algorithm in &a.algorithms {
-            let grid = match algorithm {
-                Algorithm::TwoLevel => match Grid::balanced(ranks) {
-                    Some(g) => Some(g),
-                    None => continue,
-                },
-                _ => None,
+            // Two-level runs on the most balanced grid (none for a prime
+            // group: left out).
+            let Ok(grid) = algorithm.grid(ranks, None) else {
+                continue;
             };
             for &rotation in &a.rotations {
                 for &format in &a.formats {
@@ -255,10 +253,7 @@ fn on_inputs(a: &SimulateArgs, path: &Path) -> Result<()> {
                             block,
                             scale_type: a.scale_type,
                             format,
-                            pipeline_depth: 1,
-                            bidirectional: true,
-                            gather: GatherForm::AllGather,
-                            form: Form::Loop,
+                            ..Config::default()
                         });
                     }
                 }

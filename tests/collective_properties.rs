@@ -100,7 +100,8 @@ impl Case {
     fn operands(&self) -> usize {
         match (self.collective, self.dim) {
             (Collective::AllToAll, None) => self.groups.size(),
-            _ => 1,
+            (Collective::AllToAll, Some(_))
+            | (Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather, _) => 1,
         }
     }
 
@@ -111,7 +112,7 @@ impl Case {
             match self.collective {
                 Collective::ReduceScatter => out[d as usize] /= p,
                 Collective::AllGather => out[d as usize] *= p,
-                _ => {}
+                Collective::AllReduce | Collective::AllToAll => {}
             }
         }
         out
@@ -136,7 +137,9 @@ impl Case {
         let attrs = match (self.groups, self.collective) {
             (Groups::Replicas, _) => groups,
             (_, Collective::AllToAll) => format!("channel_id=1, {groups}"),
-            _ => format!("channel_id=1, {groups}, use_global_device_ids=true"),
+            (_, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather) => {
+                format!("channel_id=1, {groups}, use_global_device_ids=true")
+            }
         };
         let force = r#"frontend_attributes={equarx.quantize="true"}"#;
         let (replicas, partitions) = self.groups.counts();
@@ -267,7 +270,9 @@ fn case() -> impl Strategy<Value = Case> {
                 let dim = match collective {
                     Collective::AllReduce => None,
                     Collective::AllToAll if tuple_a2a => None,
-                    _ => Some(d as i64),
+                    Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => {
+                        Some(d as i64)
+                    }
                 };
                 if let (Some(d), Collective::ReduceScatter | Collective::AllToAll) =
                     (dim, collective)
@@ -275,7 +280,7 @@ fn case() -> impl Strategy<Value = Case> {
                     dims[d as usize] = p * k * if d + 1 == rank as i64 { 64 } else { 1 };
                 }
                 // int4 codes pack two to a byte: an even block.
-                let block = if format == QuantFormat::Int4 {
+                let block = if format.packs_two_per_byte() {
                     block + block % 2
                 } else {
                     block
@@ -350,14 +355,19 @@ fn plan_of(c: &Case, config: &Config, p: usize) -> Plan {
     match c.collective {
         Collective::AllReduce => Plan::new(p, n, config),
         Collective::AllGather => Plan::rows(c.collective, p, n, config),
-        _ => Plan::rows(c.collective, p, n / p, config),
+        Collective::ReduceScatter | Collective::AllToAll => {
+            Plan::rows(c.collective, p, n / p, config)
+        }
     }
     .expect("the report's configuration plans again")
 }
 
 /// Whether every rank of a group gets the same result.
 fn agrees(c: Collective) -> bool {
-    matches!(c, Collective::AllReduce | Collective::AllGather)
+    match c {
+        Collective::AllReduce | Collective::AllGather => true,
+        Collective::ReduceScatter | Collective::AllToAll => false,
+    }
 }
 
 /// Rewrites `c`: the configuration the report names, or what broke.

@@ -93,7 +93,9 @@ pub fn exact(c: &Layout, inputs: &[Vec<Vec<f32>>]) -> Vec<Vec<f64>> {
         (Collective::AllToAll, None) => (0..p)
             .map(|r| to64(inputs.iter().flat_map(|x| x[r].clone()).collect()))
             .collect(),
-        _ => unreachable!(),
+        (Collective::ReduceScatter | Collective::AllGather, None) => {
+            unreachable!("a reduce-scatter or an all-gather has a dimension")
+        }
     }
 }
 

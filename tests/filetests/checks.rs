@@ -322,7 +322,9 @@ pub fn collective(
         let want = exact(c, &inputs);
         let m = match c.collective {
             Collective::AllGather => inputs[0][0].len(),
-            _ => inputs[0].iter().map(Vec::len).sum::<usize>() / p,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => {
+                inputs[0].iter().map(Vec::len).sum::<usize>() / p
+            }
         };
         let plan = Plan::rows(c.collective, p, m, &config).unwrap();
         // The result of rank r, flattened (tuple outputs in order).

@@ -199,6 +199,16 @@ impl Prediction {
     }
 }
 
+/// The cost model's view of one rewrite, as the pass reports it: the
+/// [`Prediction`] on the named topology.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PredictedTime {
+    pub topology: String,
+    pub bf16_us: f64,
+    pub equarx_us: f64,
+    pub speedup: f64,
+}
+
 const BYTES_PER_US_PER_GBPS: f64 = 1e3; // 1 GB/s = 1e3 bytes/µs
 
 /// The transfer time of an exchange (all-to-all) sending `bytes` per
@@ -296,8 +306,13 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
             }
         }
     }
-    // A reduce-scatter writes its owned f32 chunk out in the output type.
-    if plan.collective == Collective::ReduceScatter {
+    // A reduce-scatter writes its owned f32 chunk out in the output type
+    // (the others write what their gather or scatter dequantizes).
+    let writes_owned_chunk = match plan.collective {
+        Collective::ReduceScatter => true,
+        Collective::AllReduce | Collective::AllGather | Collective::AllToAll => false,
+    };
+    if writes_owned_chunk {
         hbm_bytes += c * (4.0 + elem_bytes);
     }
     // The forward rotation is one more pass (input in, f32 out); the
@@ -307,12 +322,12 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
     if rotated {
         let payload = match plan.collective {
             Collective::AllGather => c,
-            _ => p * c,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => p * c,
         };
         hbm_bytes += payload * (elem_bytes + 4.0);
         // Unquantized at the end, a reduce-scatter's chunk is rotated back
         // by a dot of its own.
-        if plan.collective == Collective::ReduceScatter {
+        if writes_owned_chunk {
             hbm_bytes += c * 8.0;
         }
     }

@@ -490,9 +490,10 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                     let crest = crest_seen(&inputs, &exact_f32, b, rotation);
                     // Two-level runs on the most balanced grid of each P
                     // (none for a prime P: left out).
-                    let resolved = s.algorithms.iter().filter_map(|&a| match a {
-                        Algorithm::TwoLevel => Grid::balanced(p).map(|g| (a, Some(g))),
-                        _ => Some((a, None)),
+                    let balanced = Grid::balanced(p);
+                    let resolved = s.algorithms.iter().filter_map(|&a| {
+                        let grid = a.grid(p, balanced).ok()?;
+                        Some((a, grid))
                     });
                     for ((algorithm, grid), format) in
                         resolved.flat_map(|a| s.formats.iter().map(move |&f| (a, f)))

@@ -18,7 +18,8 @@
 //!
 //! 1. Add its field to [`Options`] (the pass) or [`RewriteOptions`]
 //!    (around it), with its default in their `Default` (the one place the
-//!    defaults are written).
+//!    defaults are written; the plan's knobs take theirs from
+//!    [`Config::default`], and [`Options::config`] maps them back).
 //! 2. Add one [`OptionSpec`] to [`OPTIONS`] (`schema.rs`): its name, value
 //!    syntax, help line, the README's "why", a valid non-default `example`
 //!    and a `refused` value with the start of its message, a `set` that
@@ -36,6 +37,8 @@
 //! Nothing else: the CLI, C, C++, Python and PJRT doors pick it up, and
 //! `tests/options.rs` and `tests/cpp_pipeline.rs` send the example and the
 //! refused value through each of them.
+//!
+//! Adding a format, an algorithm or a collective kind: `docs/extending.md`.
 
 mod docs;
 mod readers;
@@ -54,7 +57,7 @@ use crate::cost::Topology;
 use crate::ir::DeviceCounts;
 use crate::numerics::profile::ProfileFile;
 use crate::passes::Stage;
-use crate::plan::{Algorithm, GatherForm, QuantFormat, Rotation, ScaleType};
+use crate::plan::{Algorithm, Config, Form, GatherForm, Grid, QuantFormat, Rotation, ScaleType};
 use crate::proto::PrimitiveType;
 
 crate::choice_enum! {
@@ -127,23 +130,51 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
+        // The plan's knobs take the plan's defaults.
+        let plan = Config::default();
         Options {
-            block_size: 64,
-            pipeline_depth: 1,
-            bidirectional: true,
+            block_size: plan.block,
+            pipeline_depth: plan.pipeline_depth,
+            bidirectional: plan.bidirectional,
             min_payload_bytes: None,
             topology: Topology::parse(DEFAULT_TOPOLOGY).unwrap_or_else(|e| unreachable!("{e}")),
             element_types: vec![PrimitiveType::Bf16],
-            scale_type: ScaleType::Bf16,
-            quant_format: QuantFormat::Int8,
-            gather: GatherForm::AllGather,
+            scale_type: plan.scale_type,
+            quant_format: plan.format,
+            gather: plan.gather,
             fuse: FuseMode::Auto,
             algorithm: None,
             rotation: None,
-            unroll: false,
+            unroll: match plan.form {
+                Form::Loop => false,
+                Form::Unrolled => true,
+            },
             max_error_pct: None,
             stage: None,
             profile: None,
+        }
+    }
+}
+
+impl Options {
+    /// The configuration these options give `algorithm` over `grid` with
+    /// `rotation`: the one mapping from the options to a plan's knobs.
+    pub fn config(&self, algorithm: Algorithm, grid: Option<Grid>, rotation: Rotation) -> Config {
+        Config {
+            algorithm,
+            grid,
+            rotation,
+            block: self.block_size,
+            scale_type: self.scale_type,
+            format: self.quant_format,
+            pipeline_depth: self.pipeline_depth,
+            bidirectional: self.bidirectional,
+            gather: self.gather,
+            form: if self.unroll {
+                Form::Unrolled
+            } else {
+                Form::Loop
+            },
         }
     }
 }

@@ -26,6 +26,7 @@
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use super::quantize_collectives::splice::EMITTED_OP_NAME_PREFIX;
 use super::{Pass, PassError, Stage};
 use crate::ir::opcode::{Class, Opcode};
 use crate::ir::{CompId, Edits, InstrId, Module};
@@ -83,7 +84,7 @@ impl Pass for OutlineFusions {
 pub fn emitted_by_equarx(i: &HloInstructionProto) -> bool {
     i.metadata
         .as_ref()
-        .is_some_and(|m| m.op_name.starts_with("equarx["))
+        .is_some_and(|m| m.op_name.starts_with(EMITTED_OP_NAME_PREFIX))
 }
 
 /// Ops a loop fusion may hold: elementwise ops, the data movement a

@@ -12,6 +12,8 @@
 //! Why it is sound: a convert has no side effect, and nothing reads it.
 //! Disabled, the module keeps a dead convert, which XLA removes itself.
 
+use rustc_hash::FxHashSet as HashSet;
+
 use super::outline_fusions::emitted_by_equarx;
 use super::quantize_collectives::splice::widening;
 use super::{Pass, PassError};
@@ -33,15 +35,18 @@ impl Pass for RemoveDeadWidenings {
                 continue;
             };
             let users = c.users();
+            // What orders other instructions is used, even with no reader.
+            let orders: HashSet<i64> = c
+                .instructions()
+                .iter()
+                .flat_map(|j| j.control_predecessor_ids.iter().copied())
+                .collect();
             let mut edits = Edits::default();
             for i in c.instructions() {
                 let id = InstrId(i.id);
                 let unused = users.get(&id).is_none_or(|u| u.is_empty())
                     && c.root_id() != id
-                    && !c
-                        .instructions()
-                        .iter()
-                        .any(|j| j.control_predecessor_ids.contains(&i.id));
+                    && !orders.contains(&i.id);
                 if !unused {
                     continue;
                 }

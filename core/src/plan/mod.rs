@@ -1,5 +1,6 @@
-//! The plan of one quantized all-reduce: who sends what to whom, in what
-//! order, how often each value is quantized, and the message layout.
+//! The plan of one quantized collective (all-reduce, reduce-scatter,
+//! all-gather, all-to-all): who sends what to whom, in what order, how
+//! often each value is quantized, and the message layout.
 //!
 //! A plan is decided before any HLO is emitted, and four readers take
 //! their numbers from it and from nothing else:
@@ -102,7 +103,15 @@ impl QuantFormat {
     pub fn bits(self) -> usize {
         match self {
             QuantFormat::Int4 => 4,
-            _ => 8,
+            QuantFormat::Int8 | QuantFormat::Fp8E4m3 | QuantFormat::Fp8E5m2 => 8,
+        }
+    }
+
+    /// Whether two codes share a byte (so a block holds an even number).
+    pub fn packs_two_per_byte(self) -> bool {
+        match self {
+            QuantFormat::Int4 => true,
+            QuantFormat::Int8 | QuantFormat::Fp8E4m3 | QuantFormat::Fp8E5m2 => false,
         }
     }
 
@@ -155,6 +164,22 @@ crate::choice_enum! {
         /// A ring on each axis of an outer × inner grid in turn (the
         /// [`Grid`] of the plan's [`Config`]).
         TwoLevel = "two-level",
+    }
+}
+
+impl Algorithm {
+    /// The grid the algorithm reduces over in a group of `p`: none for the
+    /// ring and two-shot; for two-level the `given` one (a topology's 2-D
+    /// slice), or else the most balanced ([`Grid::balanced`]), and
+    /// [`PlanError::NoGrid`] for a group that has none (a prime size).
+    pub fn grid(self, p: usize, given: Option<Grid>) -> Result<Option<Grid>, PlanError> {
+        match self {
+            Algorithm::Ring | Algorithm::TwoShot => Ok(None),
+            Algorithm::TwoLevel => given
+                .or_else(|| Grid::balanced(p))
+                .map(Some)
+                .ok_or(PlanError::NoGrid(p)),
+        }
     }
 }
 
@@ -239,6 +264,28 @@ pub struct Config {
     pub form: Form,
 }
 
+impl Default for Config {
+    /// The pass's defaults (the one place they are written;
+    /// [`crate::options::Options`] takes its own from here): blocks of 64
+    /// int8 codes with bf16 scales, one lane per direction of a
+    /// bidirectional ring, one all-gather, the loop form; a ring without
+    /// rotation (the pass picks those per op).
+    fn default() -> Self {
+        Config {
+            algorithm: Algorithm::Ring,
+            grid: None,
+            rotation: Rotation::None,
+            block: 64,
+            scale_type: ScaleType::Bf16,
+            format: QuantFormat::Int8,
+            pipeline_depth: 1,
+            bidirectional: true,
+            gather: GatherForm::AllGather,
+            form: Form::Loop,
+        }
+    }
+}
+
 impl Config {
     /// The algorithm as reports name it: `ring`, `two-shot`,
     /// `two-level 2x4`.
@@ -257,7 +304,7 @@ pub fn check_block(block: usize, format: QuantFormat, rotation: Rotation) -> Res
     if rotation == Rotation::Hadamard && !block.is_power_of_two() {
         return Err(PlanError::RotationBlock(block));
     }
-    if format == QuantFormat::Int4 && block % 2 != 0 {
+    if format.packs_two_per_byte() && block % 2 != 0 {
         return Err(PlanError::OddInt4Block(block));
     }
     Ok(())
@@ -701,15 +748,11 @@ pub fn baseline_wire_bytes(collective: Collective, group_size: usize, operand_by
 pub(crate) fn test_config(algorithm: Algorithm) -> Config {
     Config {
         algorithm,
-        grid: (algorithm == Algorithm::TwoLevel).then_some(Grid { outer: 2, inner: 4 }),
-        rotation: Rotation::None,
-        block: 64,
-        scale_type: ScaleType::Bf16,
-        format: QuantFormat::Int8,
-        pipeline_depth: 1,
-        bidirectional: true,
-        gather: GatherForm::AllGather,
-        form: Form::Loop,
+        grid: algorithm
+            .grid(8, Some(Grid { outer: 2, inner: 4 }))
+            .ok()
+            .flatten(),
+        ..Config::default()
     }
 }
 
@@ -795,7 +838,9 @@ mod tests {
             let plan = Plan::rows(collective, 8, row, &config(Algorithm::Ring)).unwrap();
             let operand = match collective {
                 Collective::AllGather => 2 * row as u64,
-                _ => 2 * 8 * row as u64,
+                Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => {
+                    2 * 8 * row as u64
+                }
             };
             let ratio =
                 baseline_wire_bytes(collective, 8, operand) as f64 / plan.wire_bytes() as f64;

@@ -23,12 +23,12 @@
 //!    model deciding) that the model predicts slower, is a skip.
 
 use super::eligibility::Candidate;
-use super::report::{PredictedTime, SkipReason};
-use crate::cost::{Prediction, predict};
+use super::skip::SkipReason;
+use crate::cost::{PredictedTime, Prediction, predict};
 use crate::numerics::error::{Data, predicted};
 use crate::options::Options;
 use crate::plan::{
-    Algorithm, Collective, Config, Form, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
+    Algorithm, Collective, Config, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
 };
 
 /// The plan an op gets, with the time model's view of it.
@@ -124,24 +124,19 @@ fn topology_grid(p: usize, options: &Options) -> Option<Grid> {
 /// algorithm, each without and (where allowed) with rotation.
 fn configurations(p: usize, options: &Options) -> Vec<Config> {
     let grid = topology_grid(p, options);
-    let algorithms: Vec<(Algorithm, Option<Grid>)> = match options.algorithm {
-        Some(Algorithm::Ring) => vec![(Algorithm::Ring, None)],
-        Some(Algorithm::TwoShot) => vec![(Algorithm::TwoShot, None)],
-        Some(Algorithm::TwoLevel) => grid
-            .or_else(|| Grid::balanced(p))
-            .map(|g| (Algorithm::TwoLevel, Some(g)))
-            .into_iter()
-            .collect(),
+    let algorithms: Vec<Algorithm> = match options.algorithm {
+        Some(algorithm) => vec![algorithm],
         // Two-level only where the machine is a 2-D slice of the group.
-        None => [
-            Some((Algorithm::Ring, None)),
-            Some((Algorithm::TwoShot, None)),
-            grid.map(|g| (Algorithm::TwoLevel, Some(g))),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
+        None => [Algorithm::Ring, Algorithm::TwoShot]
+            .into_iter()
+            .chain(grid.map(|_| Algorithm::TwoLevel))
+            .collect(),
     };
+    // An asked-for two-level over a group with no grid leaves nothing.
+    let algorithms: Vec<(Algorithm, Option<Grid>)> = algorithms
+        .into_iter()
+        .filter_map(|a| Some((a, a.grid(p, grid).ok()?)))
+        .collect();
     // Rotation evens out a block's magnitudes: it helps an integer code,
     // whose step follows the block's largest value, and hurts a float
     // code, which would otherwise hold that largest value exactly.
@@ -158,22 +153,7 @@ fn configurations(p: usize, options: &Options) -> Vec<Config> {
     let mut out = Vec::new();
     for &(algorithm, grid) in &algorithms {
         for &rotation in rotations {
-            out.push(Config {
-                algorithm,
-                grid,
-                rotation,
-                block: options.block_size,
-                scale_type: options.scale_type,
-                format: options.quant_format,
-                pipeline_depth: options.pipeline_depth,
-                bidirectional: options.bidirectional,
-                gather: options.gather,
-                form: if options.unroll {
-                    Form::Unrolled
-                } else {
-                    Form::Loop
-                },
-            });
+            out.push(options.config(algorithm, grid, rotation));
         }
     }
     out
@@ -188,7 +168,7 @@ struct Scored {
 }
 
 /// [`choose`] for a payload over groups of `p`; `forced` waives the
-/// requirement that the rewrite pay.
+/// requirement that the rewrite pay. The steps of the module doc, in order.
 pub fn choose_plan(
     p: usize,
     payload: &Payload,
@@ -196,18 +176,30 @@ pub fn choose_plan(
     data: Data,
     options: &Options,
 ) -> Result<Choice, SkipReason> {
+    let configs = candidates(p, payload.collective, options)?;
+    let scored = predictions(p, payload, data, options, configs)?;
+    let within = within_budget(scored, options)?;
+    worth_it(p, payload, forced, options, fastest_most_exact(within))
+}
+
+/// Step 1: the configurations to plan for `collective` over groups of `p`.
+fn candidates(
+    p: usize,
+    collective: Collective,
+    options: &Options,
+) -> Result<Vec<Config>, SkipReason> {
     let mut configs = configurations(p, options);
     // The gather and the exchange of rows have no reduce algorithm to pick.
-    if matches!(
-        payload.collective,
-        Collective::AllGather | Collective::AllToAll
-    ) {
-        if let Some(first) = configs.first().map(|c| c.algorithm) {
-            configs.retain(|c| c.algorithm == first);
-        }
-        for c in &mut configs {
-            c.algorithm = Algorithm::Ring;
-            c.grid = None;
+    match collective {
+        Collective::AllReduce | Collective::ReduceScatter => {}
+        Collective::AllGather | Collective::AllToAll => {
+            if let Some(first) = configs.first().map(|c| c.algorithm) {
+                configs.retain(|c| c.algorithm == first);
+            }
+            for c in &mut configs {
+                c.algorithm = Algorithm::Ring;
+                c.grid = None;
+            }
         }
     }
     if configs.is_empty() {
@@ -215,6 +207,18 @@ pub fn choose_plan(
         // whose size has no grid.
         return Err(SkipReason::Plan(PlanError::NoGrid(p)));
     }
+    Ok(configs)
+}
+
+/// Step 2: every configuration planned, timed and given its predicted
+/// error; the first planning error when none could be planned.
+fn predictions(
+    p: usize,
+    payload: &Payload,
+    data: Data,
+    options: &Options,
+    configs: Vec<Config>,
+) -> Result<Vec<Scored>, SkipReason> {
     let mut scored = Vec::new();
     let mut first_error = None;
     for config in configs {
@@ -240,12 +244,17 @@ pub fn choose_plan(
     }
     if scored.is_empty() {
         // Every configuration was planned and refused (there was at least
-        // one, checked above, so there is a first reason): say it.
+        // one, [`candidates`] checks), so there is a first reason: say it.
         let Some(e) = first_error else {
             unreachable!("no configuration planned, yet none was refused")
         };
         return Err(SkipReason::Plan(e));
     }
+    Ok(scored)
+}
+
+/// Step 3: the plans the error budget keeps (at least one), or why none.
+fn within_budget(mut scored: Vec<Scored>, options: &Options) -> Result<Vec<Scored>, SkipReason> {
     let most_exact = |scored: &[Scored]| {
         scored
             .iter()
@@ -283,23 +292,22 @@ pub fn choose_plan(
             scored.retain(|s| s.error_pct <= predicted);
         }
     }
-    // The fastest plan (by total order: a NaN prediction sorts last), then
-    // among those within CHEAP of it, itself included, the most exact.
+    Ok(scored)
+}
+
+/// Step 4: the fastest plan (by total order: a NaN prediction sorts last),
+/// then among those within [`CHEAP`] of it, itself included, the most
+/// exact. `scored` holds at least one plan.
+fn fastest_most_exact(scored: Vec<Scored>) -> Scored {
     let fastest = scored
         .iter()
         .map(|s| s.time.equarx_us)
         .min_by(f64::total_cmp)
         .unwrap_or(f64::INFINITY);
-    let mut near: Vec<Scored> = Vec::new();
-    let mut rest: Vec<Scored> = Vec::new();
-    for s in scored {
-        if s.time.equarx_us <= CHEAP * fastest {
-            near.push(s);
-        } else {
-            rest.push(s);
-        }
-    }
-    // `scored` held a plan (checked above), so `near` or `rest` does.
+    let (near, rest): (Vec<Scored>, Vec<Scored>) = scored
+        .into_iter()
+        .partition(|s| s.time.equarx_us <= CHEAP * fastest);
+    // `scored` held a plan, so `near` or `rest` does.
     let pool = if near.is_empty() { rest } else { near };
     let Some(chosen) = pool.into_iter().min_by(|a, b| {
         a.error_pct
@@ -308,10 +316,24 @@ pub fn choose_plan(
     }) else {
         unreachable!("a non-empty set of plans has a most exact one")
     };
+    chosen
+}
+
+/// Step 5: the chosen plan, if it sends fewer bytes and (with the cost
+/// model deciding) the model predicts it faster; `forced` waives both.
+fn worth_it(
+    p: usize,
+    payload: &Payload,
+    forced: bool,
+    options: &Options,
+    chosen: Scored,
+) -> Result<Choice, SkipReason> {
     let (plan, prediction) = (chosen.plan, chosen.time);
     let before = baseline_wire_bytes(payload.collective, p, payload.bytes);
     if plan.wire_bytes() >= before && !forced {
         return Err(SkipReason::NoGain {
+            collective: payload.collective.opcode(),
+            plan: plan.algorithm_name(),
             before,
             after: plan.wire_bytes(),
         });
@@ -323,7 +345,11 @@ pub fn choose_plan(
         speedup: prediction.speedup(),
     };
     if options.min_payload_bytes.is_none() && !forced && time.speedup < 1.0 {
-        return Err(SkipReason::NotFaster(time));
+        return Err(SkipReason::NotFaster {
+            time,
+            collective: payload.collective.opcode(),
+            plan: plan.algorithm_name(),
+        });
     }
     Ok(Choice { plan, time })
 }

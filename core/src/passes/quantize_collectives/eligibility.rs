@@ -13,7 +13,7 @@
 //! enabled-type list (for floating-point operands); `"false"` opts out.
 
 use super::groups::{Participants, participants};
-use super::report::SkipReason;
+use super::skip::{FORCE_ATTRIBUTE, SkipReason};
 use crate::ir::DeviceCounts;
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, InstrId, Module, shape};
@@ -21,10 +21,6 @@ use crate::numerics::QUANTIZABLE;
 use crate::options::Options;
 use crate::plan::Collective;
 use crate::proto::{HloInstructionProto, ShapeProto};
-
-/// Frontend attribute that forces the rewrite on (`"true"`) or off
-/// (`"false"`) for one all-reduce.
-pub const FORCE_ATTRIBUTE: &str = "equarx.quantize";
 
 /// A collective the pass will rewrite.
 #[derive(Clone, Debug)]
@@ -126,11 +122,9 @@ pub fn examine(
     if has_control {
         return Err(SkipReason::ControlDependencies);
     }
-    if matches!(
-        collective,
-        Collective::AllReduce | Collective::ReduceScatter
-    ) {
-        check_sum(module, instr)?;
+    match collective {
+        Collective::AllReduce | Collective::ReduceScatter => check_sum(module, instr)?,
+        Collective::AllGather | Collective::AllToAll => {}
     }
 
     let mut operands = Vec::new();
@@ -155,9 +149,12 @@ pub fn examine(
     }
     // Only the all-reduce packs some operands and leaves others: the other
     // collectives move all of theirs, or none.
-    if collective != Collective::AllReduce {
-        if let Some(reason) = first_refusal {
-            return Err(reason);
+    match collective {
+        Collective::AllReduce => {}
+        Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => {
+            if let Some(reason) = first_refusal {
+                return Err(reason);
+            }
         }
     }
     let participants = participants(instr, counts)?;
@@ -222,11 +219,14 @@ fn shape_rules(
     p: usize,
 ) -> Result<Option<i64>, SkipReason> {
     let unsupported = |why: String| Err(SkipReason::Unsupported(why));
-    if collective == Collective::AllReduce {
-        return Ok(None);
-    }
+    let (splits, tuple_form) = match collective {
+        Collective::AllReduce => return Ok(None),
+        Collective::ReduceScatter => (true, false),
+        Collective::AllGather => (false, false),
+        Collective::AllToAll => (true, instr.dimensions.is_empty()),
+    };
     let op = collective.opcode();
-    if collective == Collective::AllToAll && instr.dimensions.is_empty() {
+    if tuple_form {
         let first = &operands[0].shape;
         if operands.len() != p || operands.iter().any(|o| !shape::compatible(&o.shape, first)) {
             return unsupported(format!(
@@ -245,7 +245,6 @@ fn shape_rules(
     if d < 0 || d as usize >= dims.len() {
         return unsupported(format!("{op} dimension {d} out of range"));
     }
-    let splits = matches!(collective, Collective::ReduceScatter | Collective::AllToAll);
     if splits && dims[d as usize] % p as i64 != 0 {
         return unsupported(format!(
             "{op} dimension {d} of size {} is not a multiple of the group size {p}",
@@ -261,7 +260,7 @@ fn shape_rules(
     match collective {
         Collective::ReduceScatter => want[d as usize] /= p as i64,
         Collective::AllGather => want[d as usize] *= p as i64,
-        _ => {}
+        Collective::AllReduce | Collective::AllToAll => {}
     }
     let result = instr.shape.as_ref().and_then(|s| {
         if s.tuple_shapes.is_empty() {
@@ -287,13 +286,13 @@ fn single_done(
     start: &HloInstructionProto,
     done_opcode: Opcode,
 ) -> Result<InstrId, SkipReason> {
-    let users: Vec<&HloInstructionProto> = comp
-        .instructions()
-        .iter()
-        .filter(|i| i.operand_ids.contains(&start.id))
-        .collect();
-    match users.as_slice() {
-        [done] if Opcode::of(done) == Some(done_opcode) && comp.root_id().0 != start.id => {
+    let users = comp.users();
+    let only_user = match users.get(&InstrId(start.id)).map(Vec::as_slice) {
+        Some(&[done]) => comp.get(done),
+        _ => None,
+    };
+    match only_user {
+        Some(done) if Opcode::of(done) == Some(done_opcode) && comp.root_id().0 != start.id => {
             Ok(InstrId(done.id))
         }
         _ => Err(SkipReason::AsyncShape),

@@ -1,4 +1,4 @@
-//! Who takes part: the all-reduce's groups, turned into ids that
+//! Who takes part: the collective's groups, turned into ids that
 //! collective-permute and all-gather can name.
 //!
 //! collective-permute only knows two id spaces: replica ids (no channel id;
@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 
-use super::SkipReason;
+use super::skip::SkipReason;
 use crate::ir::DeviceCounts;
 use crate::ir::groups::{GroupEncoding, GroupMode, MAX_DEVICES, ReplicaGroups};
 use crate::plan::Axis;
@@ -90,7 +90,7 @@ impl Participants {
     }
 }
 
-/// The participants of all-reduce `instr`, or why collective-permute cannot
+/// The participants of collective `instr`, or why collective-permute cannot
 /// express them.
 pub fn participants(
     instr: &HloInstructionProto,

@@ -25,7 +25,8 @@
 //! collective-permute can name, [`choose`] picks its [`crate::plan::Plan`]
 //! (which the emitter, the time model and the error model all read),
 //! [`emit`] writes the plan as HLO, [`splice`] puts that in the op's place,
-//! and [`report`] says what happened.
+//! and [`report`] says what happened; [`skip`] holds the reasons an op
+//! stays, which every room may give.
 //!
 //! Why it is sound: every reduce phase sums each chunk over every member of
 //! its axis exactly once, and the phases' axes cover the group; the gather
@@ -40,10 +41,12 @@ pub mod eligibility;
 pub mod emit;
 pub mod groups;
 pub mod report;
+pub mod skip;
 pub mod splice;
 
 use choose::{Choice, choose};
-use report::{Basis, OpReport, SkipReason, describe};
+use report::{Basis, OpReport, describe};
+use skip::SkipReason;
 use splice::{Reducers, splice};
 
 use super::{Pass, PassError, Stage};
@@ -170,7 +173,7 @@ impl QuantizeCollectives {
             .and_then(|c| choose(&c, data, &self.options).map(|choice| (c, choice)));
         match decision {
             Err(reason) => {
-                if let SkipReason::NotFaster(time) = &reason {
+                if let SkipReason::NotFaster { time, .. } = &reason {
                     entry.predicted_time = Some(time.clone());
                 }
                 entry.reason = Some(reason.to_string());

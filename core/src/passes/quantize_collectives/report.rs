@@ -1,97 +1,17 @@
 //! What the pass says about every collective: what it is ([`describe`], the
-//! same rows `equarx analyze` lists), why it stayed ([`SkipReason`]), and
-//! what it became ([`OpReport`], with the plan the rewrite carries out).
+//! same rows `equarx analyze` lists), why it stayed (the reason's text, from
+//! [`super::skip::SkipReason`]), and what it became ([`OpReport`], with the
+//! plan the rewrite carries out).
 
-use super::eligibility::{Candidate, FORCE_ATTRIBUTE};
+use super::eligibility::Candidate;
+use super::skip::FORCE_ATTRIBUTE;
+use crate::cost::PredictedTime;
 use crate::ir::groups::{GroupMode, ReplicaGroups};
-use crate::ir::{Computation, InstrId, Module, shape};
+use crate::ir::{Computation, InstrId, shape};
 use crate::numerics::error::{Data, predicted};
 use crate::passes::Stage;
-use crate::plan::{Config, Form, Plan, PlanError, Rotation, baseline_wire_bytes};
+use crate::plan::{Config, Form, Plan, Rotation, baseline_wire_bytes};
 use crate::proto::HloInstructionProto;
-
-/// Why a collective was left as it is.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum SkipReason {
-    #[error("not a collective equarx rewrites")]
-    NotRewritable,
-    #[error("it has no operands")]
-    NoOperands,
-    #[error("operand {0} is not in its computation")]
-    MissingOperand(i64),
-    #[error("operand {0} is a tuple (equarx quantizes arrays)")]
-    TupleOperand(i64),
-    #[error("not supported: {0}")]
-    Unsupported(String),
-    #[error("reduction is not a sum: {0}")]
-    NotSum(String),
-    #[error("opted out by frontend attribute {FORCE_ATTRIBUTE}=\"false\"")]
-    OptedOut,
-    #[error("bad frontend attribute: {0}")]
-    BadAttribute(String),
-    #[error("inside a fusion computation")]
-    InFusion,
-    #[error(
-        "the module is past a backend's tiling assignment (tiled layouts, memory spaces: \
-         XLA:TPU's pre-scheduler hook), where equarx does not emit yet; rewrite the \
-         program before XLA instead (equarx.jax.rewrite_lowered, or equarx rewrite \
-         --stage pre-fusion on the lowered module)"
-    )]
-    TiledStage,
-    #[error("has control dependencies")]
-    ControlDependencies,
-    #[error("a -start without a single -done user")]
-    AsyncShape,
-    #[error("dynamic shapes")]
-    DynamicShape,
-    #[error("element type {0} is not floating point (integer sums must stay exact)")]
-    NotFloat(String),
-    #[error("element type {0} is not enabled (see --types)")]
-    TypeNotEnabled(String),
-    #[error("element type {0} cannot be quantized")]
-    NotQuantizable(String),
-    #[error("groups have different sizes")]
-    UnevenGroups,
-    #[error("replica groups: {0}")]
-    BadGroups(String),
-    #[error("not expressible with collective-permute: {0}")]
-    ModeNotExpressible(String),
-    #[error(
-        "{0}; give the counts (--replica-count / --num-partitions), e.g. --replica-count 1 for JAX SPMD programs"
-    )]
-    CountsUnknown(String),
-    #[error("payload of {bytes} bytes is below the minimum of {min} (see --min-payload)")]
-    BelowThreshold { bytes: u64, min: u64 },
-    #[error(
-        "padding to P·L·B makes the quantized ring send {after} bytes, not fewer than {before}"
-    )]
-    NoGain { before: u64, after: u64 },
-    #[error(
-        "the cost model predicts no gain on {}: {:.2}x (bf16 ring {:.1} us, equarx {:.1} us; \
-         a model, see --topology, or force with --min-payload)",
-        .0.topology, .0.speedup, .0.bf16_us, .0.equarx_us
-    )]
-    NotFaster(PredictedTime),
-    #[error("{0}")]
-    Plan(#[from] PlanError),
-    #[error(
-        "no configuration meets the error budget of {budget}% (the most exact, {best}, predicts {predicted:.2}%)"
-    )]
-    OverBudget {
-        budget: f64,
-        best: String,
-        predicted: f64,
-    },
-    #[error(
-        "declined: the most exact configuration, {best}, predicts {predicted:.1}% per op, more than \
-         the {limit}% that keeps a model (give --max-error, or fix both --algorithm and --rotation, to take it anyway)"
-    )]
-    BreaksModel {
-        limit: f64,
-        best: String,
-        predicted: f64,
-    },
-}
 
 /// A collective instruction as it stands: what `equarx analyze` lists, and
 /// the first columns of every [`OpReport`].
@@ -168,15 +88,6 @@ impl Basis {
     }
 }
 
-/// The cost model's view of one rewrite.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct PredictedTime {
-    pub topology: String,
-    pub bf16_us: f64,
-    pub equarx_us: f64,
-    pub speedup: f64,
-}
-
 /// The plan of a rewrite, as the report shows it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PlanSummary {
@@ -202,8 +113,9 @@ pub struct PlanSummary {
     pub instructions: usize,
 }
 
-/// What the emitter and the splice made for one op.
-pub struct Emitted {
+/// How much the emitter and the splice made for one op (the counts its
+/// [`PlanSummary`] shows).
+pub struct EmittedCounts {
     pub collectives: usize,
     pub instructions: usize,
 }
@@ -235,7 +147,7 @@ impl OpReport {
     }
 
     /// Fills in what a rewrite of `c` by `plan` did, predicted on `data`.
-    pub fn rewritten(&mut self, c: &Candidate, plan: &Plan, emitted: &Emitted, data: Data) {
+    pub fn rewritten(&mut self, c: &Candidate, plan: &Plan, emitted: &EmittedCounts, data: Data) {
         let p = plan.group_size;
         self.rewritten = true;
         self.op.group_size = Some(p);
@@ -313,18 +225,4 @@ pub fn describe(c: &Computation, instr: &HloInstructionProto) -> CollectiveOp {
             .filter_map(|s| shape::byte_size(s))
             .fold(0u64, u64::saturating_add),
     }
-}
-
-/// Every collective of `module`, in module order (`equarx analyze`).
-pub fn collectives(module: &Module) -> Vec<CollectiveOp> {
-    module
-        .computations()
-        .iter()
-        .flat_map(|c| {
-            c.instructions()
-                .iter()
-                .filter(|i| crate::ir::opcode::is_collective(&i.opcode))
-                .map(move |i| describe(c, i))
-        })
-        .collect()
 }

@@ -5,7 +5,7 @@
 
 use super::eligibility::{Candidate, Operand};
 use super::emit::{EmitInputs, emit};
-use super::report::Emitted;
+use super::report::EmittedCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, Edits, InstrId, Module, shape};
@@ -40,13 +40,19 @@ fn fail(message: impl Into<String>) -> PassError {
     PassError::Failed(message.into())
 }
 
+/// How the `op_name` of every instruction a rewrite emits begins: it is
+/// `equarx[<the collective's name>]`, which is how the later passes
+/// ([`crate::passes::outline_fusions::emitted_by_equarx`]) tell equarx's
+/// instructions from the module's own.
+pub const EMITTED_OP_NAME_PREFIX: &str = "equarx[";
+
 fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
     // Short on purpose: every emitted instruction (about a hundred per
     // collective) carries this. The stack frame and source line still lead to
     // the program line that made the all-reduce.
     let source = instr.metadata.clone().unwrap_or_default();
     OpMetadata {
-        op_name: format!("equarx[{}]", instr.name),
+        op_name: format!("{EMITTED_OP_NAME_PREFIX}{}]", instr.name),
         source_file: source.source_file,
         source_line: source.source_line,
         stack_frame_id: source.stack_frame_id,
@@ -57,7 +63,7 @@ fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
 /// What [`splice`] made: the counts the report shows, and the loop
 /// computations the emitter added.
 pub struct Spliced {
-    pub emitted: Emitted,
+    pub emitted: EmittedCounts,
     pub computations: Vec<CompId>,
 }
 
@@ -148,7 +154,7 @@ pub fn splice(
             .filter_map(|&id| module.computation(id))
             .flat_map(|c| c.instructions())
     };
-    let emitted = Emitted {
+    let emitted = EmittedCounts {
         collectives: instrs.iter().chain(in_loops()).filter(|i| sends(i)).count(),
         instructions: instrs.len() + in_loops().count(),
     };
@@ -208,10 +214,12 @@ impl Readers {
             return readers;
         }
         readers.others = comp.root_id() == target;
-        for i in comp
-            .instructions()
-            .iter()
-            .filter(|i| i.operand_ids.contains(&target.0))
+        let users = comp.users();
+        for i in users
+            .get(&target)
+            .into_iter()
+            .flatten()
+            .filter_map(|&u| comp.get(u))
         {
             if Opcode::of(i) == Some(Opcode::GetTupleElement) && i.operand_ids.len() == 1 {
                 readers.elements.push((InstrId(i.id), i.tuple_index));
@@ -293,10 +301,15 @@ pub fn narrow_source(
     let convert = comp.get(operand)?;
     let source = comp.get(InstrId(*convert.operand_ids.first()?))?;
     let wrapped = widening(module, convert, source)?;
-    let used_elsewhere = comp.instructions().iter().any(|i| {
-        (i.id != user.0 && i.operand_ids.contains(&operand.0))
-            || i.control_predecessor_ids.contains(&operand.0)
-    });
+    let read_elsewhere = comp
+        .users()
+        .get(&operand)
+        .is_some_and(|users| users.iter().any(|&u| u != user));
+    let orders_others = comp
+        .instructions()
+        .iter()
+        .any(|i| i.control_predecessor_ids.contains(&operand.0));
+    let used_elsewhere = read_elsewhere || orders_others;
     if comp.root_id() == operand || !convert.control_predecessor_ids.is_empty() || used_elsewhere {
         return None;
     }

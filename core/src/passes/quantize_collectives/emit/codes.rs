@@ -7,7 +7,7 @@ use super::{Const, Emitter, float_type};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::numerics::{absmax_floor, hadamard_norm, inv_qmax, scale_mantissa_bits};
-use crate::plan::{QuantFormat, ScaleType};
+use crate::plan::ScaleType;
 use crate::proto::PrimitiveType;
 use crate::proto::precision_config::Precision;
 
@@ -62,7 +62,7 @@ impl Emitter<'_, '_, '_> {
                 let rounded = self.b.unary(Opcode::RoundNearestEven, &ratio);
                 let clamped = self.b.clamp(&lo, &rounded, &hi);
                 let codes = self.b.convert(&clamped, PrimitiveType::S8);
-                if format == QuantFormat::Int4 {
+                if format.packs_two_per_byte() {
                     self.pack_int4(&codes)
                 } else {
                     codes
@@ -114,7 +114,7 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn code_values(&mut self, codes: &Value) -> Value {
         let format = self.plan().config.format;
         match float_type(format) {
-            None if format == QuantFormat::Int4 => {
+            None if format.packs_two_per_byte() => {
                 let codes = self.unpack_int4(codes);
                 self.b.convert(&codes, PrimitiveType::F32)
             }

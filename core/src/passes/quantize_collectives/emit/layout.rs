@@ -184,9 +184,12 @@ impl Emitter<'_, '_, '_> {
             let flat = self.b.reshape(&payload, &[rows * c]);
             payload = self.rotate(&flat, operands_are_bf16(operands));
         }
-        if plan.collective != Collective::ReduceScatter {
-            let dims: &[i64] = if rows == 1 { &[c] } else { &[rows, c] };
-            return self.b.reshape(&payload, dims);
+        match plan.collective {
+            Collective::ReduceScatter => {}
+            Collective::AllReduce | Collective::AllGather | Collective::AllToAll => {
+                let dims: &[i64] = if rows == 1 { &[c] } else { &[rows, c] };
+                return self.b.reshape(&payload, dims);
+            }
         }
         let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
         dims.push(c);
@@ -240,7 +243,11 @@ impl Emitter<'_, '_, '_> {
             rows = self.b.slice(&rows, &[0, 0], &[p, m]);
         }
         let results = self.inputs.results;
-        if self.inputs.dimension.is_none() && plan.collective == Collective::AllToAll {
+        let tuple_all_to_all = match plan.collective {
+            Collective::AllToAll => self.inputs.dimension.is_none(),
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather => false,
+        };
+        if tuple_all_to_all {
             return (0..p)
                 .zip(results)
                 .map(|(k, result)| {
@@ -254,7 +261,7 @@ impl Emitter<'_, '_, '_> {
         let (before, size, after) = self.around(&self.inputs.operands[0]);
         let piece = match plan.collective {
             Collective::AllGather => size,
-            _ => size / p,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => size / p,
         };
         let placed = if before == 1 {
             rows

@@ -1,4 +1,5 @@
-//! Emits the [`Plan`] of one quantized all-reduce: [`emit`] reads top to
+//! Emits the [`Plan`] of one quantized collective (all-reduce,
+//! reduce-scatter, all-gather, all-to-all): [`emit`] reads top to
 //! bottom as the algorithm — flatten and pad, rotate, find the rank, run the
 //! plan's phases, unpack.
 //!
@@ -46,14 +47,15 @@ use crate::proto::{PrimitiveType, ShapeProto};
 pub struct EmitInputs<'a> {
     pub plan: &'a Plan,
     pub participants: &'a Participants,
-    /// The packed all-reduce operands.
+    /// The packed operands that join the pipeline.
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// Scalar s32 `maximum` and `or`, and f32 `add` computations.
+    /// Scalar s32 `maximum` and `or` computations: the blocks' absmax, on
+    /// the bits of |x|, and a scale's bytes put back together.
     pub max_s32: CompId,
     pub or_s32: CompId,
-    /// Emit `collective-permute-start`/`-done` pairs (for async all-reduces).
+    /// Emit `collective-permute-start`/`-done` pairs (for an async pair).
     pub async_permutes: bool,
     /// Where in XLA's pipeline the module is: past its fusion, XLA will not
     /// decompose what the pass emits any more, so collectives take the
@@ -68,8 +70,9 @@ pub struct EmitInputs<'a> {
     pub dimension: Option<i64>,
 }
 
-/// What [`emit`] made.
-pub struct Emitted {
+/// The plan as [`emit`] wrote it: the values that replace the operands'
+/// results, and the computations it added for them.
+pub struct EmittedPlan {
     /// One value per operand, shaped like `results`.
     pub values: Vec<Value>,
     /// The computations it added (loop bodies and conditions).
@@ -77,7 +80,7 @@ pub struct Emitted {
 }
 
 /// Emits the plan; returns one value per operand.
-pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
+pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     let plan = inputs.plan;
     let mut computations = Vec::new();
     let mut e = Emitter::new(b, inputs, &mut computations);
@@ -122,7 +125,7 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> Emitted {
         Collective::ReduceScatter => e.unpack_owned(&held),
         Collective::AllGather | Collective::AllToAll => e.unpack_rows(&values.unwrap_or(held)),
     };
-    Emitted {
+    EmittedPlan {
         values: out,
         computations,
     }
