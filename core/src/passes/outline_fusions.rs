@@ -166,19 +166,50 @@ fn fuse_emitted(
     let Some(c) = module.computation(comp) else {
         return Ok(false);
     };
-    let root_of_comp = c.root_id().0;
-    let users = c.users();
     let by_id: HashMap<i64, &HloInstructionProto> =
         c.instructions().iter().map(|i| (i.id, i)).collect();
     let copied = copied_ops(c, emitted, &by_id);
+    let group = fusion_groups(c, emitted, &by_id, &copied);
+    let members = members_by_root(c, &group);
+    let roots = fusion_roots(c, &members, &by_id, &copied);
+    let bitcasts = reshapes_to_bitcast(c, emitted, &group, &members, &by_id);
+    let root_of_comp = c.root_id().0;
+
+    let mut outlined = Vec::with_capacity(roots.len());
+    for root in roots {
+        outlined.push(outline(&by_id, &copied, &members[&root], root)?);
+    }
+    let changed = !outlined.is_empty() || !bitcasts.is_empty();
+    if let Some(c) = module.computation_mut(comp) {
+        for id in bitcasts {
+            if let Some(i) = c.get_mut(InstrId(id)) {
+                i.opcode = Opcode::Bitcast.as_str().into();
+            }
+        }
+    }
+    replace_with_fusions(module, comp, outlined);
+    remove_dead_copies(module, comp, &copied, root_of_comp);
+    Ok(changed)
+}
+
+/// Group membership: instruction id → the id of its fusion's root. Walking
+/// back from each eligible instruction, an operand joins its group when
+/// every user of it is already inside; reduces, copied ops and the
+/// computation's root start groups of their own.
+fn fusion_groups(
+    c: &crate::ir::Computation,
+    emitted: &HashSet<i64>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    copied: &HashSet<i64>,
+) -> HashMap<i64, i64> {
+    let root_of_comp = c.root_id().0;
+    let users = c.users();
     let eligible = |id: i64| {
         emitted.contains(&id)
             && by_id
                 .get(&id)
                 .is_some_and(|i| fusible(i) && i.control_predecessor_ids.is_empty())
     };
-
-    // Group membership: instruction id → the id of its fusion's root.
     let mut group: HashMap<i64, i64> = HashMap::default();
     for instr in c.instructions().iter().rev() {
         if !eligible(instr.id) || copied.contains(&instr.id) {
@@ -203,23 +234,42 @@ fn fuse_emitted(
             }
         }
     }
+    group
+}
 
-    // Members per root, in instruction order. A single op stays as it is,
-    // unless it reads a broadcast that would otherwise be made into a
-    // buffer of its own (a constant spread over the op's shape): fused,
-    // the broadcast is copied in and never written out.
+/// Each group's members, in instruction order, by the group's root.
+fn members_by_root(
+    c: &crate::ir::Computation,
+    group: &HashMap<i64, i64>,
+) -> HashMap<i64, Vec<i64>> {
     let mut members: HashMap<i64, Vec<i64>> = HashMap::default();
     for instr in c.instructions() {
         if let Some(&root) = group.get(&instr.id) {
             members.entry(root).or_default().push(instr.id);
         }
     }
-    // A group of nothing but reshapes moves no data: as a fusion it would
-    // become a copy. Those stay out, and become bitcasts below.
-    let only_reshapes = |m: &[i64]| {
-        m.iter()
-            .all(|id| by_id.get(id).is_some_and(|i| is(i, Opcode::Reshape)))
-    };
+    members
+}
+
+/// A group of nothing but reshapes: it moves no data, and as a fusion it
+/// would become a copy.
+fn only_reshapes(members: &[i64], by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
+    members
+        .iter()
+        .all(|id| by_id.get(id).is_some_and(|i| is(i, Opcode::Reshape)))
+}
+
+/// The roots of the groups that become fusions, in instruction order. A
+/// single op stays as it is, unless it reads a broadcast that would
+/// otherwise be made into a buffer of its own (a constant spread over the
+/// op's shape): fused, the broadcast is copied in and never written out.
+/// Groups of reshapes alone stay out, and become bitcasts.
+fn fusion_roots(
+    c: &crate::ir::Computation,
+    members: &HashMap<i64, Vec<i64>>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    copied: &HashSet<i64>,
+) -> Vec<i64> {
     let reads_broadcast = |m: &[i64]| {
         m.iter().any(|id| {
             by_id[id].operand_ids.iter().any(|o| {
@@ -229,45 +279,44 @@ fn fuse_emitted(
     };
     let mut roots: Vec<i64> = members
         .iter()
-        .filter(|(_, m)| (m.len() > 1 || reads_broadcast(m)) && !only_reshapes(m))
+        .filter(|(_, m)| (m.len() > 1 || reads_broadcast(m)) && !only_reshapes(m, by_id))
         .map(|(&r, _)| r)
         .collect();
     roots.sort_unstable_by_key(|r| c.position(InstrId(*r)));
-    // Reshapes left outside every fusion whose layouts make them a
-    // reinterpretation of the same bytes: `bitcast`, as XLA's own
-    // simplifier has made every such reshape by this stage (a reshape
-    // left as it is runs as a copy).
-    let bitcasts: Vec<i64> = c
-        .instructions()
+    roots
+}
+
+/// Reshapes left outside every fusion whose layouts make them a
+/// reinterpretation of the same bytes: `bitcast`, as XLA's own simplifier
+/// has made every such reshape by this stage (a reshape left as it is runs
+/// as a copy).
+fn reshapes_to_bitcast(
+    c: &crate::ir::Computation,
+    emitted: &HashSet<i64>,
+    group: &HashMap<i64, i64>,
+    members: &HashMap<i64, Vec<i64>>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+) -> Vec<i64> {
+    c.instructions()
         .iter()
         .filter(|i| {
             is(i, Opcode::Reshape)
                 && emitted.contains(&i.id)
                 && members
                     .get(group.get(&i.id).unwrap_or(&i.id))
-                    .is_none_or(|m| m.len() == 1 || only_reshapes(m))
+                    .is_none_or(|m| m.len() == 1 || only_reshapes(m, by_id))
                 && i.operand_ids
                     .first()
                     .and_then(|o| by_id.get(o))
                     .is_some_and(|o| row_major(o) && row_major(i))
         })
         .map(|i| i.id)
-        .collect();
+        .collect()
+}
 
-    let mut outlined = Vec::with_capacity(roots.len());
-    for root in roots {
-        let ids = &members[&root];
-        outlined.push(outline(&by_id, &copied, ids, root)?);
-    }
-    let changed = !outlined.is_empty() || !bitcasts.is_empty();
-
-    if let Some(c) = module.computation_mut(comp) {
-        for id in bitcasts {
-            if let Some(i) = c.get_mut(InstrId(id)) {
-                i.opcode = Opcode::Bitcast.as_str().into();
-            }
-        }
-    }
+/// Each outlined group's root becomes its fusion, and the other members
+/// go.
+fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline>) {
     let mut edits = Edits::default();
     for o in outlined {
         let fused = module.add_computation(o.body, true, Some(comp));
@@ -296,22 +345,25 @@ fn fuse_emitted(
             .extend(o.members.into_iter().filter(|&m| m != o.root).map(InstrId));
     }
     module.apply(comp, edits);
-    // What the fusions copied in may be dead now, chains of it included:
-    // one sweep from the last instruction back, so every user is judged
-    // before what it reads.
-    if let Some(c) = module.computation(comp) {
-        let mut used: HashSet<i64> = HashSet::default();
-        let mut dead = Edits::default();
-        for i in c.instructions().iter().rev() {
-            if copied.contains(&i.id) && !used.contains(&i.id) && i.id != root_of_comp {
-                dead.remove.insert(InstrId(i.id));
-            } else {
-                used.extend(i.operand_ids.iter().copied());
-            }
+}
+
+/// What the fusions copied in may be dead now, chains of it included: one
+/// sweep from the last instruction back, so every user is judged before
+/// what it reads.
+fn remove_dead_copies(module: &mut Module, comp: CompId, copied: &HashSet<i64>, root_of_comp: i64) {
+    let Some(c) = module.computation(comp) else {
+        return;
+    };
+    let mut used: HashSet<i64> = HashSet::default();
+    let mut dead = Edits::default();
+    for i in c.instructions().iter().rev() {
+        if copied.contains(&i.id) && !used.contains(&i.id) && i.id != root_of_comp {
+            dead.remove.insert(InstrId(i.id));
+        } else {
+            used.extend(i.operand_ids.iter().copied());
         }
-        module.apply(comp, dead);
     }
-    Ok(changed)
+    module.apply(comp, dead);
 }
 
 /// An array laid out row-major (dimension 0 most major), the layout
