@@ -10,6 +10,7 @@
 //! device list; [`ReplicaGroups::of`] does the same and expands every form to
 //! explicit lists, keeping which form it came from.
 
+use crate::ir::opcode::Opcode;
 use crate::proto::hlo_instruction_proto::ReplicaGroupList;
 use crate::proto::{
     HloInstructionProto, IotaReplicaGroupListProto, MeshAxesReplicaGroupListProto, MeshProto,
@@ -39,14 +40,7 @@ pub enum GroupMode {
 
 impl GroupMode {
     pub fn of(instr: &HloInstructionProto) -> Self {
-        let has_global_field = matches!(
-            instr.opcode.as_str(),
-            "all-reduce"
-                | "all-reduce-start"
-                | "all-gather"
-                | "all-gather-start"
-                | "reduce-scatter"
-        );
+        let has_global_field = Opcode::of(instr).is_some_and(Opcode::has_global_device_ids);
         match (
             instr.channel_id > 0,
             has_global_field,

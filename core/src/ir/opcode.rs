@@ -1,12 +1,16 @@
-//! The HLO opcodes equarx reasons about, from one table: each opcode's text,
-//! how many operands it takes and its class. Every opcode list in equarx
-//! is derived from it (shape inference by class, the collectives that
-//! `analyze` lists and the pass examines, what a loop fusion may hold), and
-//! the builder takes an [`Opcode`], so a misspelt opcode does not compile.
+//! The HLO opcodes, from one table: every opcode XLA's `StringToHloOpcode`
+//! knows, each with its text, how many operands it takes and its class.
+//! Every opcode list in equarx is derived from it (shape inference by
+//! class, the collectives that `analyze` lists and the pass examines, what
+//! a loop fusion may hold, which attributes the text reader and printer
+//! handle, which `-start`/`-done` names are real opcodes rather than
+//! XLA's async sugar), and the builder takes an [`Opcode`], so a misspelt
+//! opcode does not compile.
 //!
 //! Instructions keep their opcode as text (`HloInstructionProto::opcode`):
-//! a module may hold opcodes this table does not know, and those are kept
-//! and printed as they are ([`Opcode::of`] is `None` for them).
+//! a module may hold opcodes this table does not know (a newer XLA's), and
+//! those are kept and printed as they are ([`Opcode::of`] is `None` for
+//! them).
 
 use crate::proto::HloInstructionProto;
 
@@ -43,6 +47,10 @@ pub enum Class {
     DeviceId,
     /// Calls, loops, fusions, parameters: structure.
     Control,
+    /// Known to XLA, not modelled by equarx: its shape is taken as
+    /// declared, it is never fused into an emitted loop, and only the text
+    /// reader and printer look at it (for its name and attributes).
+    Unmodelled,
 }
 
 macro_rules! opcodes {
@@ -180,6 +188,60 @@ opcodes! {
     Call = "call", Any, Control;
     Fusion = "fusion", Any, Control;
     CustomCall = "custom-call", Any, Control;
+
+    // The rest of XLA's opcodes: named, so the text reader and printer can
+    // match on them, but not modelled (see `Class::Unmodelled`).
+    Acos = "acos", Any, Unmodelled;
+    Acosh = "acosh", Any, Unmodelled;
+    AddDependency = "add-dependency", Any, Unmodelled;
+    AfterAll = "after-all", Any, Unmodelled;
+    Asin = "asin", Any, Unmodelled;
+    Asinh = "asinh", Any, Unmodelled;
+    AsyncDone = "async-done", Any, Unmodelled;
+    AsyncStart = "async-start", Any, Unmodelled;
+    AsyncUpdate = "async-update", Any, Unmodelled;
+    Atanh = "atanh", Any, Unmodelled;
+    BatchNormGrad = "batch-norm-grad", Any, Unmodelled;
+    BatchNormInference = "batch-norm-inference", Any, Unmodelled;
+    BatchNormTraining = "batch-norm-training", Any, Unmodelled;
+    Cholesky = "cholesky", Any, Unmodelled;
+    Complex = "complex", Any, Unmodelled;
+    Convolution = "convolution", Any, Unmodelled;
+    CopyDone = "copy-done", Any, Unmodelled;
+    CopyStart = "copy-start", Any, Unmodelled;
+    Cosh = "cosh", Any, Unmodelled;
+    Domain = "domain", Any, Unmodelled;
+    DynamicReshape = "dynamic-reshape", Any, Unmodelled;
+    Fft = "fft", Any, Unmodelled;
+    Gather = "gather", Any, Unmodelled;
+    GetDimensionSize = "get-dimension-size", Any, Unmodelled;
+    Imag = "imag", Any, Unmodelled;
+    Infeed = "infeed", Any, Unmodelled;
+    Map = "map", Any, Unmodelled;
+    OptBarrier = "opt-barrier", Any, Unmodelled;
+    OptimizationBarrier = "optimization-barrier", Any, Unmodelled;
+    Outfeed = "outfeed", Any, Unmodelled;
+    RaggedDot = "ragged-dot", Any, Unmodelled;
+    Real = "real", Any, Unmodelled;
+    Recv = "recv", Any, Unmodelled;
+    RecvDone = "recv-done", Any, Unmodelled;
+    ReduceWindow = "reduce-window", Any, Unmodelled;
+    Reverse = "reverse", Any, Unmodelled;
+    Rng = "rng", Any, Unmodelled;
+    RngBitGenerator = "rng-bit-generator", Any, Unmodelled;
+    RngGetAndUpdateState = "rng-get-and-update-state", Any, Unmodelled;
+    Scan = "scan", Any, Unmodelled;
+    ScaledDot = "scaled-dot", Any, Unmodelled;
+    Scatter = "scatter", Any, Unmodelled;
+    SelectAndScatter = "select-and-scatter", Any, Unmodelled;
+    Send = "send", Any, Unmodelled;
+    SendDone = "send-done", Any, Unmodelled;
+    SetDimensionSize = "set-dimension-size", Any, Unmodelled;
+    Sinh = "sinh", Any, Unmodelled;
+    Sort = "sort", Any, Unmodelled;
+    StochasticConvert = "stochastic-convert", Any, Unmodelled;
+    Topk = "topk", Any, Unmodelled;
+    TriangularSolve = "triangular-solve", Any, Unmodelled;
 }
 
 impl Opcode {

@@ -42,12 +42,14 @@
 //!   scale multiplies `H·q/√B` (exact) once. One multiply fewer per
 //!   element each way.
 //! - **Non-finite input.** A NaN or Inf counts as an infinite magnitude, so
-//!   its block's absmax and scale are Inf. Backends' vectorized max
+//!   its block's absmax and scale are Inf. Backends' vectorized float max
 //!   reductions may drop a NaN (XLA:CPU's do from 64 rows on), so the HLO
-//!   finds non-finite values with a second, vectorized reduction, the sum
-//!   of `x − x` (0, or NaN), and selects Inf for such blocks. The reciprocal is then 0, every code 0, and `0 · Inf` makes
-//!   the whole block NaN, through every later hop. Never a finite wrong
-//!   value. Rotation spreads a NaN or Inf over its whole block first.
+//!   takes the absmax with one integer max instead: over the bits of `|x|`
+//!   (the sign bit cleared), which order as the magnitudes do and put every
+//!   NaN above +Inf, capped at +Inf's bits. The reciprocal is then 0, every
+//!   code 0, and `0 · Inf` makes the whole block NaN, through every later
+//!   hop. Never a finite wrong value. Rotation spreads a NaN or Inf over
+//!   its whole block first.
 //! - **Bit-identical participants.** The owner of a chunk does not keep its
 //!   f32 sum: it quantizes it once and every participant, the owner
 //!   included, dequantizes the same int8 codes and scales with the same
@@ -77,10 +79,6 @@ pub fn mantissa_bits(ty: i32) -> u32 {
         _ => 23,
     }
 }
-
-/// Largest int8 code magnitude: codes lie in `[-127, 127]` (symmetric, no
-/// -128). Other formats: [`QuantFormat::qmax`].
-pub const QMAX: f32 = 127.0;
 
 /// `fl(1/qmax)`, the f32 constant a format's scale is computed with.
 pub fn inv_qmax(format: QuantFormat) -> f32 {

@@ -7,8 +7,8 @@
 //!
 //! One file per [`Class`] of opcode: [`elementwise`], [`movement`] (data
 //! movement), [`reduction`], [`collectives`], and [`structure`] (tuples,
-//! loops, device ids). Opcodes of no class here, and opcodes equarx does
-//! not know, are not modelled (`Ok(None)`).
+//! loops, device ids). [`Class::Unmodelled`] opcodes, and opcodes the
+//! table does not know, are not modelled (`Ok(None)`).
 
 mod collectives;
 mod elementwise;
@@ -43,6 +43,7 @@ pub fn expected_shape(
         Class::Reduction => reduction::infer(&op),
         Class::Collective => collectives::infer(&op),
         Class::Tuple | Class::DeviceId | Class::Control => structure::infer(&op),
+        Class::Unmodelled => Ok(None),
     }
 }
 

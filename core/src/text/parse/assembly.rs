@@ -5,14 +5,28 @@
 use std::collections::HashMap;
 
 use super::computation::CompText;
-use super::module::Header;
 use super::{Failure, Res};
 use crate::ir::DeviceCounts;
 use crate::proto::hlo_schedule_proto::InstructionSequence;
 use crate::proto::{
-    HloComputationProto, HloModuleProto, HloScheduleProto, ProgramShapeProto, StackFrameIndexProto,
+    FrontendAttributes, HloBufferDonorProto, HloComputationProto, HloInputOutputAliasProto,
+    HloModuleProto, HloScheduleProto, ProgramShapeProto, ShapeProto, StackFrameIndexProto,
 };
 use crate::text::ParsedText;
+
+/// What the module header says: [`assemble`] fills the module-level
+/// fields from it.
+#[derive(Default)]
+pub(super) struct Header {
+    pub(super) name: String,
+    pub(super) is_scheduled: bool,
+    /// `entry_computation_layout`: parameter shapes and the result shape.
+    pub(super) layout: Option<(Vec<ShapeProto>, ShapeProto)>,
+    pub(super) counts: DeviceCounts,
+    pub(super) input_output_alias: Option<HloInputOutputAliasProto>,
+    pub(super) buffer_donor: Option<HloBufferDonorProto>,
+    pub(super) frontend_attributes: Option<FrontendAttributes>,
+}
 
 /// Resolves computation names, orders computations callees first and fills
 /// the module-level fields.

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use super::computation::CompText;
 use super::lexer::Tok;
 use super::{Failure, Parser, Res};
+use crate::ir::opcode::Opcode;
 use crate::ir::shape::{self, type_from_name};
 use crate::proto::{
     DotDimensionNumbers, HloInstructionProto, OpSharding, PrecisionConfig, PrimitiveType,
@@ -24,25 +25,6 @@ pub(super) struct Instr {
     pub(super) operand_precision: Option<Vec<i32>>,
     pub(super) algorithm: Option<i32>,
 }
-
-/// The real opcodes ending in `-start`/`-update`/`-done`. Any other
-/// `X-start` (and so on) with `X` an opcode is XLA's async syntax sugar for
-/// an `async-start` wrapping `X`.
-const REAL_ASYNC_OPCODES: &[&str] = &[
-    "all-gather-start",
-    "all-gather-done",
-    "all-reduce-start",
-    "all-reduce-done",
-    "collective-permute-start",
-    "collective-permute-done",
-    "copy-start",
-    "copy-done",
-    "async-start",
-    "async-update",
-    "async-done",
-    "send-done",
-    "recv-done",
-];
 
 impl<'a> Parser<'a> {
     pub(super) fn instruction(&mut self, comp: &mut CompText) -> Res<()> {
@@ -65,9 +47,13 @@ impl<'a> Parser<'a> {
         }
         let shape = self.shape()?;
         let (opcode, op_at) = self.ident("an opcode")?;
+        // An `X-start` (`-update`, `-done`) that is no opcode itself, with
+        // `X` an opcode, is XLA's async syntax sugar for an `async-start`
+        // wrapping `X`; the real ones (`all-gather-start`, ...) are in the
+        // opcode table.
         for suffix in ["-start", "-update", "-done"] {
             if let Some(wrapped) = opcode.strip_suffix(suffix) {
-                if !REAL_ASYNC_OPCODES.contains(&opcode.as_str()) && is_known_opcode(wrapped) {
+                if Opcode::parse(&opcode).is_none() && Opcode::parse(wrapped).is_some() {
                     return Err(Failure::new(
                         op_at,
                         format!(
@@ -93,13 +79,13 @@ impl<'a> Parser<'a> {
             operand_precision: None,
             algorithm: None,
         };
-        match opcode.as_str() {
-            "parameter" => {
+        match Opcode::parse(&opcode) {
+            Some(Opcode::Parameter) => {
                 self.expect_sym('(', "before the parameter number")?;
                 ins.proto.parameter_number = self.count("a parameter number")?;
                 self.expect_sym(')', "after the parameter number")?;
             }
-            "constant" => {
+            Some(Opcode::Constant) => {
                 self.expect_sym('(', "before the constant's value")?;
                 let shape = ins.proto.shape.clone().unwrap_or_default();
                 ins.proto.literal = Some(Box::new(self.literal(&shape)?));
@@ -198,8 +184,8 @@ impl<'a> Parser<'a> {
             operand_precision: ins_prec.clone().unwrap_or_else(|| vec![0; n]),
             algorithm: alg.unwrap_or(0),
         };
-        match p.opcode.as_str() {
-            "dot" => {
+        match Opcode::parse(&p.opcode) {
+            Some(Opcode::Dot) => {
                 p.dot_dimension_numbers.get_or_insert_with(Box::default);
                 p.precision_config = Some(Box::new(precision(
                     n,
@@ -207,7 +193,7 @@ impl<'a> Parser<'a> {
                     ins.algorithm,
                 )));
             }
-            "ragged-dot" => {
+            Some(Opcode::RaggedDot) => {
                 let r = p
                     .ragged_dot_dimension_numbers
                     .get_or_insert_with(Box::default);
@@ -219,7 +205,7 @@ impl<'a> Parser<'a> {
                     ins.algorithm,
                 )));
             }
-            "scaled-dot" => {
+            Some(Opcode::ScaledDot) => {
                 p.dot_dimension_numbers.get_or_insert_with(Box::default);
                 p.precision_config = Some(Box::new(precision(
                     2,
@@ -227,7 +213,7 @@ impl<'a> Parser<'a> {
                     ins.algorithm,
                 )));
             }
-            "convolution" => {
+            Some(Opcode::Convolution) => {
                 p.window.get_or_insert_with(Box::default);
                 // XLA's convolutions always carry a (here empty) sparsity config.
                 p.sparsity_config.get_or_insert_with(Box::default);
@@ -243,7 +229,7 @@ impl<'a> Parser<'a> {
                     ins.algorithm,
                 )));
             }
-            "custom-call" => {
+            Some(Opcode::CustomCall) => {
                 if !seen("feature_group_count") {
                     p.feature_group_count = 1;
                 }
@@ -259,21 +245,21 @@ impl<'a> Parser<'a> {
                     ins.algorithm,
                 )));
             }
-            "reduce-window" | "select-and-scatter" => {
+            Some(Opcode::ReduceWindow | Opcode::SelectAndScatter) => {
                 p.window.get_or_insert_with(Box::default);
             }
-            "compare" if !seen("type") => {
+            Some(Opcode::Compare) if !seen("type") => {
                 let ty = ins.operand_shapes.first().map_or(0, |s| s.element_type);
                 p.comparison_type = default_comparison_type(ty).to_string();
             }
-            "topk" if !seen("largest") => p.largest = true,
+            Some(Opcode::Topk) if !seen("largest") => p.largest = true,
             // XLA keeps the thread on the start only, and "main" as "".
-            "async-start" if p.async_execution_thread == "main" => {
+            Some(Opcode::AsyncStart) if p.async_execution_thread == "main" => {
                 p.async_execution_thread.clear();
             }
             // XLA derives these from their start op: the proto of an
             // async-update/-done carries neither thread nor computation.
-            "async-update" | "async-done" => {
+            Some(Opcode::AsyncUpdate | Opcode::AsyncDone) => {
                 p.async_execution_thread.clear();
                 ins.calls.clear();
             }
@@ -292,18 +278,18 @@ impl<'a> Parser<'a> {
                 .unwrap_or_default()
         };
         let calls = &mut ins.calls;
-        let mut ordered = match p.opcode.as_str() {
-            "while" => {
+        let mut ordered = match Opcode::parse(&p.opcode) {
+            Some(Opcode::While) => {
                 let mut v = take(calls, "body");
                 v.extend(take(calls, "condition"));
                 v
             }
-            "select-and-scatter" => {
+            Some(Opcode::SelectAndScatter) => {
                 let mut v = take(calls, "select");
                 v.extend(take(calls, "scatter"));
                 v
             }
-            "conditional" => {
+            Some(Opcode::Conditional) => {
                 let mut v = take(calls, "true_computation");
                 v.extend(take(calls, "false_computation"));
                 v
@@ -347,34 +333,4 @@ fn normalize_tuple_sharding(s: OpSharding, sh: &ShapeProto) -> OpSharding {
         tuple_shardings: vec![s; leaves(sh)],
         ..Default::default()
     }
-}
-
-/// Every opcode XLA's `StringToHloOpcode` knows.
-fn is_known_opcode(op: &str) -> bool {
-    #[rustfmt::skip]
-    const OPCODES: &[&str] = &[
-        "abs", "acos", "acosh", "add", "add-dependency", "after-all", "all-gather",
-        "all-gather-done", "all-gather-start", "all-reduce", "all-reduce-done", "all-reduce-start",
-        "all-to-all", "and", "asin", "asinh", "async-done", "async-start", "async-update", "atan2",
-        "atanh", "batch-norm-grad", "batch-norm-inference", "batch-norm-training", "bitcast",
-        "bitcast-convert", "broadcast", "call", "cbrt", "ceil", "cholesky", "clamp",
-        "collective-broadcast", "collective-permute", "collective-permute-done",
-        "collective-permute-start", "count-leading-zeros", "compare", "complex", "concatenate",
-        "conditional", "constant", "convert", "convolution", "copy", "copy-done", "copy-start",
-        "cosine", "cosh", "custom-call", "divide", "domain", "dot", "dynamic-reshape",
-        "dynamic-slice", "dynamic-update-slice", "erf", "exponential", "exponential-minus-one",
-        "fft", "floor", "fusion", "gather", "get-dimension-size", "get-tuple-element", "imag",
-        "infeed", "iota", "is-finite", "log", "log-plus-one", "logistic", "map", "maximum",
-        "minimum", "multiply", "negate", "not", "opt-barrier", "optimization-barrier", "or",
-        "outfeed", "pad", "parameter", "partition-id", "popcnt", "power", "ragged-all-to-all",
-        "ragged-dot", "real", "recv", "recv-done", "reduce", "reduce-precision", "reduce-scatter",
-        "reduce-window", "remainder", "replica-id", "reshape", "reverse", "rng",
-        "rng-bit-generator", "rng-get-and-update-state", "round-nearest-afz", "round-nearest-even",
-        "rsqrt", "scan", "scaled-dot", "scatter", "select", "select-and-scatter", "send",
-        "send-done", "set-dimension-size", "shift-left", "shift-right-arithmetic",
-        "shift-right-logical", "sign", "sine", "sinh", "slice", "sort", "sqrt",
-        "stochastic-convert", "subtract", "tan", "tanh", "topk", "transpose", "triangular-solve",
-        "tuple", "while", "xor",
-    ];
-    OPCODES.contains(&op)
 }

@@ -4,31 +4,14 @@
 
 use std::collections::HashSet;
 
-use super::assembly::assemble;
+use super::assembly::{Header, assemble};
 use super::lexer::Tok;
 use super::{Failure, Parser, Res};
-use crate::ir::DeviceCounts;
 use crate::proto::hlo_buffer_donor_proto::BufferDonorEntryProto;
 use crate::proto::hlo_input_output_alias_proto::AliasEntryProto;
 use crate::proto::stack_frame_index_proto::{FileLocation, StackFrame};
-use crate::proto::{
-    FrontendAttributes, HloBufferDonorProto, HloInputOutputAliasProto, ShapeProto,
-    StackFrameIndexProto,
-};
+use crate::proto::{HloBufferDonorProto, HloInputOutputAliasProto, StackFrameIndexProto};
 use crate::text::ParsedText;
-
-/// What the module header says.
-#[derive(Default)]
-pub(super) struct Header {
-    pub(super) name: String,
-    pub(super) is_scheduled: bool,
-    /// `entry_computation_layout`: parameter shapes and the result shape.
-    pub(super) layout: Option<(Vec<ShapeProto>, ShapeProto)>,
-    pub(super) counts: DeviceCounts,
-    pub(super) input_output_alias: Option<HloInputOutputAliasProto>,
-    pub(super) buffer_donor: Option<HloBufferDonorProto>,
-    pub(super) frontend_attributes: Option<FrontendAttributes>,
-}
 
 impl<'a> Parser<'a> {
     pub(super) fn module(&mut self) -> Res<ParsedText> {

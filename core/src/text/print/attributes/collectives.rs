@@ -5,14 +5,18 @@
 use std::fmt::Write;
 
 use crate::ir::groups::{GroupEncoding, ReplicaGroups};
+use crate::ir::opcode::Opcode;
 use crate::proto::hlo_instruction_proto::ReplicaGroupList;
 use crate::proto::{HloInstructionProto, IotaReplicaGroupListProto, MeshAxesReplicaGroupListProto};
 use crate::text::print::{int_list, int_list_tight, join};
 
 /// All-reduce, reduce-scatter, all-gather, all-to-all and
 /// collective-broadcast (and their `-start` forms).
-pub(super) fn collective(i: &HloInstructionProto, a: &mut Vec<String>) -> Result<(), String> {
-    let op = i.opcode.as_str();
+pub(super) fn collective(
+    op: Opcode,
+    i: &HloInstructionProto,
+    a: &mut Vec<String>,
+) -> Result<(), String> {
     let dims = || format!("dimensions={}", int_list(&i.dimensions));
     if i.channel_id > 0 {
         a.push(format!("channel_id={}", i.channel_id));
@@ -21,14 +25,14 @@ pub(super) fn collective(i: &HloInstructionProto, a: &mut Vec<String>) -> Result
     if i.constrain_layout {
         a.push("constrain_layout=true".into());
     }
-    let gathers = op.starts_with("all-gather");
+    let gathers = matches!(op, Opcode::AllGather | Opcode::AllGatherStart);
     if gathers {
         a.push(dims());
     }
     if i.use_global_device_ids {
         a.push("use_global_device_ids=true".into());
     }
-    if op == "reduce-scatter" || (op == "all-to-all" && !i.dimensions.is_empty()) {
+    if op == Opcode::ReduceScatter || (op == Opcode::AllToAll && !i.dimensions.is_empty()) {
         a.push(dims());
     }
     Ok(())

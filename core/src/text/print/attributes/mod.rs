@@ -1,8 +1,8 @@
 //! The attributes after an instruction's operands.
 //!
 //! [`Printer::op_attributes`] is the opcode's own attributes, in XLA's
-//! order: one match over the opcode whose arms are a line each or a call
-//! into the attribute family's file. This file holds that match and the
+//! order: one match over the [`Opcode`] whose arms are a line each, a call
+//! to one op's function below, or a call into the attribute family's file. This file holds that match and the
 //! attributes of single ops (slices, padding, comparisons, custom calls,
 //! ...); [`dimension_numbers`] holds dot, convolution, gather and scatter
 //! (with windows and precision configs), [`collectives`] the collectives
@@ -23,6 +23,7 @@ pub(super) use sharding::sharding;
 use super::literals::{float_text, shaped_literal};
 use super::shapes::print_shape;
 use super::{Printer, index_list, int_list, quoted, quoted_bytes};
+use crate::ir::opcode::Opcode;
 use crate::ir::shape::{self, type_name};
 use crate::proto::HloInstructionProto;
 use crate::proto::hlo_instruction_proto::OptionalCrossProgramPrefetchIndex;
@@ -32,143 +33,68 @@ impl Printer<'_> {
     /// The attributes specific to an opcode, in XLA's order.
     pub(super) fn op_attributes(&self, i: &HloInstructionProto) -> Result<Vec<String>, String> {
         let mut a = Vec::new();
-        let op = i.opcode.as_str();
-        let dims = || format!("dimensions={}", int_list(&i.dimensions));
+        // An opcode the table does not know has no attributes equarx knows.
+        let Some(op) = Opcode::of(i) else {
+            return Ok(a);
+        };
         match op {
-            "reshape" => {
-                if let Some(d) = i.dimensions.first() {
-                    a.push(format!("inferred_dimension={d}"));
-                }
-            }
-            "rng-get-and-update-state" => a.push(format!("delta={}", i.delta)),
-            "domain" => sharding::domain(i, &mut a)?,
-            "parameter" => parameter_replication(i, &mut a),
-            "iota" => a.push(format!(
-                "iota_dimension={}",
-                i.dimensions.first().copied().unwrap_or(0)
-            )),
-            "broadcast" | "transpose" | "reverse" | "reduce" | "concatenate" | "map" => {
-                a.push(dims())
-            }
-            "set-dimension-size" | "get-dimension-size" => a.push(dims()),
-            "sort" => {
-                a.push(dims());
-                if i.is_stable {
-                    a.push("is_stable=true".into());
-                }
-            }
-            "get-tuple-element" => a.push(format!("index={}", i.tuple_index)),
-            "slice" => slice(i, &mut a),
-            "dynamic-slice" => a.push(format!(
+            Opcode::Reshape => inferred_dimension(i, &mut a),
+            Opcode::RngGetAndUpdateState => a.push(format!("delta={}", i.delta)),
+            Opcode::Domain => sharding::domain(i, &mut a)?,
+            Opcode::Parameter => parameter_replication(i, &mut a),
+            Opcode::Iota => iota_dimension(i, &mut a),
+            Opcode::Broadcast
+            | Opcode::Transpose
+            | Opcode::Reverse
+            | Opcode::Reduce
+            | Opcode::Concatenate
+            | Opcode::Map
+            | Opcode::SetDimensionSize
+            | Opcode::GetDimensionSize => a.push(dimensions(i)),
+            Opcode::Sort => sort(i, &mut a),
+            Opcode::GetTupleElement => a.push(format!("index={}", i.tuple_index)),
+            Opcode::Slice => slice(i, &mut a),
+            Opcode::DynamicSlice => a.push(format!(
                 "dynamic_slice_sizes={}",
                 int_list(&i.dynamic_slice_sizes)
             )),
-            "pad" => padding(i, &mut a)?,
-            "compare" => self.comparison(i, &mut a),
-            "fusion" => {
-                a.push(format!("kind={}", i.fusion_kind));
-                a.extend(output_to_operand_aliasing(i));
+            Opcode::Pad => padding(i, &mut a)?,
+            Opcode::Compare => self.comparison(i, &mut a),
+            Opcode::Fusion => fusion(i, &mut a),
+            Opcode::Dot => dimension_numbers::dot(i, &mut a)?,
+            Opcode::Convolution => dimension_numbers::convolution(i, &mut a),
+            Opcode::ReduceWindow | Opcode::SelectAndScatter => windowed(i, &mut a),
+            Opcode::Gather => dimension_numbers::gather(i, &mut a)?,
+            Opcode::Scatter => dimension_numbers::scatter(i, &mut a)?,
+            Opcode::ReducePrecision => reduce_precision(i, &mut a),
+            Opcode::Rng => a.push(rng_distribution(i)),
+            Opcode::RngBitGenerator => a.push(rng_algorithm(i)),
+            Opcode::Topk => topk(i, &mut a),
+            Opcode::Cholesky => cholesky(i, &mut a),
+            Opcode::TriangularSolve => triangular_solve(i, &mut a),
+            Opcode::Fft => fft(i, &mut a),
+            Opcode::BatchNormTraining | Opcode::BatchNormInference | Opcode::BatchNormGrad => {
+                batch_norm(i, &mut a)
             }
-            "dot" => dimension_numbers::dot(i, &mut a)?,
-            "convolution" => dimension_numbers::convolution(i, &mut a),
-            "reduce-window" | "select-and-scatter" => {
-                if let Some(w) = &i.window {
-                    a.push(format!("window={{{}}}", window(w)));
-                }
+            Opcode::Send | Opcode::Recv | Opcode::SendDone | Opcode::RecvDone => {
+                send_recv(i, &mut a)
             }
-            "gather" => dimension_numbers::gather(i, &mut a)?,
-            "scatter" => dimension_numbers::scatter(i, &mut a)?,
-            "reduce-precision" => {
-                a.push(format!("exponent_bits={}", i.exponent_bits));
-                a.push(format!("mantissa_bits={}", i.mantissa_bits));
-            }
-            "rng" => a.push(format!(
-                "distribution={}",
-                match i.distribution {
-                    1 => "rng_uniform",
-                    2 => "rng_normal",
-                    _ => "rng_invalid",
-                }
-            )),
-            "rng-bit-generator" => a.push(format!(
-                "algorithm={}",
-                match i.rng_algorithm {
-                    1 => "rng_three_fry",
-                    2 => "rng_philox",
-                    _ => "rng_default",
-                }
-            )),
-            // XLA's parser takes a missing `largest` as true.
-            "topk" => {
-                a.push(format!("k={}", i.k));
-                a.push(format!("largest={}", i.largest));
-            }
-            "cholesky" if i.cholesky_options.as_ref().is_some_and(|o| o.lower) => {
-                a.push("lower=true".into());
-            }
-            "triangular-solve" => triangular_solve(i, &mut a),
-            "fft" => {
-                let t = ["FFT", "IFFT", "RFFT", "IRFFT"];
-                a.push(format!(
-                    "fft_type={}",
-                    t.get(i.fft_type as usize).unwrap_or(&"FFT")
-                ));
-                a.push(format!("fft_length={}", int_list(&i.fft_length)));
-            }
-            "batch-norm-training" | "batch-norm-inference" | "batch-norm-grad" => {
-                a.push(format!("epsilon={}", float_text(f64::from(i.epsilon))));
-                a.push(format!("feature_index={}", i.feature_index));
-            }
-            "send" | "recv" | "send-done" | "recv-done" => {
-                if i.channel_id > 0 {
-                    a.push(format!("channel_id={}", i.channel_id));
-                }
-                if i.is_host_transfer {
-                    a.push("is_host_transfer=true".into());
-                }
-            }
-            "infeed" if !i.infeed_config.is_empty() => {
-                a.push(format!("infeed_config={}", quoted_bytes(&i.infeed_config)));
-            }
-            "outfeed" => {
-                if let Some(s) = &i.outfeed_shape {
-                    a.push(format!("outfeed_shape={}", print_shape(s)));
-                }
-                if !i.outfeed_config.is_empty() {
-                    a.push(format!(
-                        "outfeed_config={}",
-                        quoted_bytes(&i.outfeed_config)
-                    ));
-                }
-            }
-            "custom-call" => custom_call(i, &mut a)?,
-            "all-reduce"
-            | "all-reduce-start"
-            | "reduce-scatter"
-            | "all-gather"
-            | "all-gather-start"
-            | "all-to-all"
-            | "ragged-all-to-all"
-            | "collective-broadcast" => collectives::collective(i, &mut a)?,
-            "collective-permute" | "collective-permute-start" => {
+            Opcode::Infeed => infeed(i, &mut a),
+            Opcode::Outfeed => outfeed(i, &mut a),
+            Opcode::CustomCall => custom_call(i, &mut a)?,
+            Opcode::AllReduce
+            | Opcode::AllReduceStart
+            | Opcode::ReduceScatter
+            | Opcode::AllGather
+            | Opcode::AllGatherStart
+            | Opcode::AllToAll
+            | Opcode::RaggedAllToAll
+            | Opcode::CollectiveBroadcast => collectives::collective(op, i, &mut a)?,
+            Opcode::CollectivePermute | Opcode::CollectivePermuteStart => {
                 collectives::collective_permute(i, &mut a)
             }
-            "async-start" | "async-update" | "async-done" => {
-                if !i.async_execution_thread.is_empty() && i.async_execution_thread != "main" {
-                    a.push(format!(
-                        "async_execution_thread={}",
-                        quoted(&i.async_execution_thread)
-                    ));
-                }
-                a.extend(output_to_operand_aliasing(i));
-            }
-            "copy-start" => {
-                if let Some(OptionalCrossProgramPrefetchIndex::CrossProgramPrefetchIndex(n)) =
-                    i.optional_cross_program_prefetch_index
-                {
-                    a.push(format!("cross_program_prefetch_index={n}"));
-                }
-            }
+            Opcode::AsyncStart | Opcode::AsyncUpdate | Opcode::AsyncDone => async_op(i, &mut a),
+            Opcode::CopyStart => copy_start(i, &mut a),
             _ => {}
         }
         Ok(a)
@@ -198,6 +124,142 @@ fn default_comparison_type(element_type: i32) -> &'static str {
         "SIGNED"
     } else {
         "UNSIGNED"
+    }
+}
+
+/// `dimensions={0,1}`.
+fn dimensions(i: &HloInstructionProto) -> String {
+    format!("dimensions={}", int_list(&i.dimensions))
+}
+
+/// A reshape's `inferred_dimension=`, when it has one.
+fn inferred_dimension(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if let Some(d) = i.dimensions.first() {
+        a.push(format!("inferred_dimension={d}"));
+    }
+}
+
+fn iota_dimension(i: &HloInstructionProto, a: &mut Vec<String>) {
+    a.push(format!(
+        "iota_dimension={}",
+        i.dimensions.first().copied().unwrap_or(0)
+    ));
+}
+
+fn sort(i: &HloInstructionProto, a: &mut Vec<String>) {
+    a.push(dimensions(i));
+    if i.is_stable {
+        a.push("is_stable=true".into());
+    }
+}
+
+fn fusion(i: &HloInstructionProto, a: &mut Vec<String>) {
+    a.push(format!("kind={}", i.fusion_kind));
+    a.extend(output_to_operand_aliasing(i));
+}
+
+/// `window=` of reduce-window and select-and-scatter.
+fn windowed(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if let Some(w) = &i.window {
+        a.push(format!("window={{{}}}", window(w)));
+    }
+}
+
+fn reduce_precision(i: &HloInstructionProto, a: &mut Vec<String>) {
+    a.push(format!("exponent_bits={}", i.exponent_bits));
+    a.push(format!("mantissa_bits={}", i.mantissa_bits));
+}
+
+fn rng_distribution(i: &HloInstructionProto) -> String {
+    let name = match i.distribution {
+        1 => "rng_uniform",
+        2 => "rng_normal",
+        _ => "rng_invalid",
+    };
+    format!("distribution={name}")
+}
+
+fn rng_algorithm(i: &HloInstructionProto) -> String {
+    let name = match i.rng_algorithm {
+        1 => "rng_three_fry",
+        2 => "rng_philox",
+        _ => "rng_default",
+    };
+    format!("algorithm={name}")
+}
+
+/// `k=` and `largest=`, always: XLA's parser takes a missing `largest` as
+/// true.
+fn topk(i: &HloInstructionProto, a: &mut Vec<String>) {
+    a.push(format!("k={}", i.k));
+    a.push(format!("largest={}", i.largest));
+}
+
+fn cholesky(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if i.cholesky_options.as_ref().is_some_and(|o| o.lower) {
+        a.push("lower=true".into());
+    }
+}
+
+fn fft(i: &HloInstructionProto, a: &mut Vec<String>) {
+    let t = ["FFT", "IFFT", "RFFT", "IRFFT"];
+    a.push(format!(
+        "fft_type={}",
+        t.get(i.fft_type as usize).unwrap_or(&"FFT")
+    ));
+    a.push(format!("fft_length={}", int_list(&i.fft_length)));
+}
+
+fn batch_norm(i: &HloInstructionProto, a: &mut Vec<String>) {
+    a.push(format!("epsilon={}", float_text(f64::from(i.epsilon))));
+    a.push(format!("feature_index={}", i.feature_index));
+}
+
+/// Send, recv and their `-done`s: the channel and whether it is the host's.
+fn send_recv(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if i.channel_id > 0 {
+        a.push(format!("channel_id={}", i.channel_id));
+    }
+    if i.is_host_transfer {
+        a.push("is_host_transfer=true".into());
+    }
+}
+
+fn infeed(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if !i.infeed_config.is_empty() {
+        a.push(format!("infeed_config={}", quoted_bytes(&i.infeed_config)));
+    }
+}
+
+fn outfeed(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if let Some(s) = &i.outfeed_shape {
+        a.push(format!("outfeed_shape={}", print_shape(s)));
+    }
+    if !i.outfeed_config.is_empty() {
+        a.push(format!(
+            "outfeed_config={}",
+            quoted_bytes(&i.outfeed_config)
+        ));
+    }
+}
+
+/// async-start, -update and -done: a thread other than the main one, and
+/// the aliasing.
+fn async_op(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if !i.async_execution_thread.is_empty() && i.async_execution_thread != "main" {
+        a.push(format!(
+            "async_execution_thread={}",
+            quoted(&i.async_execution_thread)
+        ));
+    }
+    a.extend(output_to_operand_aliasing(i));
+}
+
+fn copy_start(i: &HloInstructionProto, a: &mut Vec<String>) {
+    if let Some(OptionalCrossProgramPrefetchIndex::CrossProgramPrefetchIndex(n)) =
+        i.optional_cross_program_prefetch_index
+    {
+        a.push(format!("cross_program_prefetch_index={n}"));
     }
 }
 
