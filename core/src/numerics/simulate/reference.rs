@@ -65,7 +65,9 @@ pub fn run(inputs: &[Vec<f32>], plan: &Plan, fma: bool) -> Vec<Vec<f32>> {
             Collective::AllGather => (0..p)
                 .map(|t| (t == r).then(|| turn(rows_of(x).swap_remove(0))))
                 .collect(),
-            _ => rows_of(x).into_iter().map(|row| Some(turn(row))).collect(),
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => {
+                rows_of(x).into_iter().map(|row| Some(turn(row))).collect()
+            }
         })
         .collect();
     let dequantized = |row: &[f32]| -> Vec<f32> {

@@ -73,7 +73,7 @@ pub fn crest_seen(inputs: &[Vec<f32>], exact: &[f32], block: usize, rotation: Ro
 /// group, a rotation of a block that is no power of two) are left out.
 pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
     use crate::numerics::error::rel_rms_with_crest;
-    use crate::plan::{Form, GatherForm, PlanError, ring_wire_bytes};
+    use crate::plan::{PlanError, ring_wire_bytes};
     let mut rows = Vec::new();
     for &dist in &s.distributions {
         for &p in &s.group_sizes {
@@ -109,8 +109,7 @@ pub fn sweep(s: &Sweep) -> Result<Vec<SweepRow>, String> {
                                     format,
                                     pipeline_depth: d,
                                     bidirectional: bi,
-                                    gather: GatherForm::AllGather,
-                                    form: Form::Loop,
+                                    ..Config::default()
                                 };
                                 let plan = match Plan::new(p, s.elements, &config) {
                                     Ok(plan) => plan,
