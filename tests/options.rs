@@ -303,7 +303,9 @@ fn help_shows_every_option_with_its_default() {
 }
 
 /// The text between `begin` and `end` in `path` must be `generated`;
-/// with `EQUARX_BLESS=1` it is rewritten to be.
+/// with `EQUARX_BLESS=1` it is rewritten to be. (Not insta's: these are
+/// blocks inside hand-written docs, rewritten in place, where insta keeps
+/// whole `.snap` files; docs/snapshots.md says so.)
 fn generated_block(path: &str, begin: &str, end: &str, generated: &str, stale: &mut Vec<String>) {
     let file = repo().join(path);
     let text = std::fs::read_to_string(&file).unwrap();

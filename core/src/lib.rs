@@ -4,6 +4,9 @@
 //! container, every field kept) → [`ir`] opens it for editing → [`passes`]
 //! rewrite it, with [`verify`] after each → [`io`] / [`text`] write it out.
 //! The front doors (CLI, C ABI, cxx bridge, Python) all call [`rewrite`].
+//! To snapshot-test a rewrite, [`Rewritten::canonical_text`] gives its
+//! canonical HLO text, the text the suite's own snapshots hold
+//! (`docs/snapshots.md`).
 
 pub mod calibrate;
 pub mod choice;
@@ -45,6 +48,52 @@ pub struct Rewritten {
     /// The device counts the module runs with: the module's, with the
     /// options' overrides (what a text output's header names).
     pub counts: DeviceCounts,
+}
+
+impl Rewritten {
+    /// The rewritten module as canonical HLO text: what
+    /// [`text::print_module`] prints under [`Rewritten::counts`], with every
+    /// instruction renamed `base.N`, N counting up in print order per base
+    /// (`add.12` → `add.0`), so that a change elsewhere in the module that
+    /// shifts ids does not churn the text. XLA's parser reads it back.
+    ///
+    /// This is the text to snapshot-test a rewrite with. The suite's own
+    /// snapshots (`tests/cases/snapshots/`) are this text, and
+    /// `tests/user_snapshot.rs` is the recipe with
+    /// [insta](https://insta.rs) (`docs/snapshots.md`):
+    ///
+    /// ```
+    /// let module = equarx::text::parse(
+    ///     "HloModule m, num_partitions=8
+    ///
+    ///      %sum (a: bf16[], b: bf16[]) -> bf16[] {
+    ///        %a = bf16[] parameter(0)
+    ///        %b = bf16[] parameter(1)
+    ///        ROOT %add = bf16[] add(%a, %b)
+    ///      }
+    ///
+    ///      ENTRY %main (x: bf16[8,128]) -> bf16[8,128] {
+    ///        %x = bf16[8,128]{1,0} parameter(0)
+    ///        ROOT %psum = bf16[8,128]{1,0} all-reduce(%x), channel_id=1,
+    ///          replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%sum
+    ///      }",
+    /// )?;
+    /// let options = equarx::options::from_json(r#"{"min_payload_bytes": 0}"#)?;
+    /// let rewritten = equarx::rewrite(module.proto, module.counts, &options)?;
+    /// let text = rewritten.canonical_text()?;
+    /// assert!(text.contains("s8["), "the all-reduce moves int8 codes");
+    /// // In a test: insta::assert_snapshot!(text);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn canonical_text(&self) -> Result<String, text::PrintError> {
+        text::print_module_with(
+            &self.module,
+            &self.counts,
+            text::PrintOptions {
+                canonical_names: true,
+            },
+        )
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use equarx::proto::HloModuleProto;
-use equarx::text::{PrintOptions, print_module_with};
 use equarx::{DeviceCounts, RewriteOptions, Rewritten};
 use prost::Message;
 use serde_json::Value;
@@ -251,14 +250,10 @@ pub fn prepare(file: &CaseFile, spec: &TestSpec) -> Result<Prepared, String> {
     if matches!(spec.expect, Expect::Unchanged(_)) || !p.rewritten.changed {
         return Ok(p);
     }
-    let canonical = print_module_with(
-        &p.rewritten.module,
-        &counts,
-        PrintOptions {
-            canonical_names: true,
-        },
-    )
-    .map_err(|e| format!("{name}: printing: {e}"))?;
+    let canonical = p
+        .rewritten
+        .canonical_text()
+        .map_err(|e| format!("{name}: printing: {e}"))?;
     p.jobs.push(Job::Parse(canonical.clone()));
     p.canonical = Some(canonical);
     let module = if h.cli {

@@ -6,8 +6,9 @@
 //! 1. the pass rewrites the module with the test's options (the JSON every
 //!    door reads); the report must give the header's plan, or, for a
 //!    negative twin, leave the module unchanged with the header's reason;
-//! 2. the rewrite's canonical text must be its blessed snapshot
-//!    (`snapshot.rs`; `EQUARX_BLESS=1` writes it);
+//! 2. the rewrite's canonical text must be its snapshot, which insta
+//!    keeps (`snapshot.rs`; `cargo insta review` or `INSTA_UPDATE=always`
+//!    accepts a change);
 //! 3. real XLA parses that text back, and, when the check runs, compiles
 //!    and runs the rewrite (and the reference) on the header's devices with
 //!    seeded inputs of the header's data kinds (`checks.rs` says what is
@@ -36,6 +37,12 @@ use common::inputs::Data;
 use header::{Check, Expect};
 
 fn main() {
+    // insta's paths are relative to the workspace, which it would otherwise
+    // ask `cargo metadata` for in every test's process.
+    if std::env::var_os("INSTA_WORKSPACE_ROOT").is_none() {
+        // SAFETY: no other thread runs yet.
+        unsafe { std::env::set_var("INSTA_WORKSPACE_ROOT", common::repo()) };
+    }
     let args = Arguments::from_args();
     let mut trials = Vec::new();
     let mut files = Vec::new();
@@ -75,14 +82,18 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
-/// A snapshot no test writes (its case, variant or plan gone) is stale;
-/// `EQUARX_BLESS=1` removes it.
+/// A snapshot no test writes (its case, variant or plan gone) is stale, and
+/// so is a pending `.snap.new` of one, or any other file there;
+/// `INSTA_UPDATE=always` removes them. This check needs no cargo-insta
+/// (`cargo insta test --unreferenced=reject` is the same check through it).
+/// A pending `.snap.new` of a live test is its own test's failure, and left
+/// to `cargo insta review`.
 fn every_snapshot_belongs_to_a_test(files: &[std::sync::Arc<CaseFile>]) -> Result<(), String> {
     let mut wanted = BTreeSet::new();
     for f in files {
         for t in &f.header.tests {
             if let Expect::Plan(plan) = &t.expect {
-                wanted.insert(snapshot::file_name(&f.name, t.variant.as_deref(), plan));
+                wanted.insert(snapshot::snapshot_name(&f.name, t.variant.as_deref(), plan));
             }
         }
     }
@@ -93,20 +104,26 @@ fn every_snapshot_belongs_to_a_test(files: &[std::sync::Arc<CaseFile>]) -> Resul
     for e in entries {
         let path = e.map_err(|e| e.to_string())?.path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if !wanted.contains(&name) {
-            if snapshot::blessing() {
-                std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                eprintln!("removed stale snapshot {name}");
-            } else {
-                stale.push(name);
-            }
+        let snapshot = name
+            .strip_suffix(".snap")
+            .or_else(|| name.strip_suffix(".snap.new"));
+        if snapshot.is_some_and(|s| wanted.contains(s)) {
+            continue;
+        }
+        if snapshot::accepting() {
+            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            eprintln!("removed stale snapshot {name}");
+        } else {
+            stale.push(name);
         }
     }
     if stale.is_empty() {
         Ok(())
     } else {
+        stale.sort();
         Err(format!(
-            "{} snapshots belong to no test (EQUARX_BLESS=1 removes them):\n{}",
+            "{} files in tests/cases/snapshots belong to no test \
+             (`INSTA_UPDATE=always cargo nextest run --test filetests` removes them):\n{}",
             stale.len(),
             stale.join("\n")
         ))

@@ -1,10 +1,16 @@
-//! Blessed rewrites: `tests/cases/snapshots/FILE[.VARIANT].PLAN.hlo`, the
-//! canonical text of a test's rewrite (instructions renamed `base.N` in
-//! print order, so id shifts do not churn diffs), under a name that says
-//! the plan. `EQUARX_BLESS=1` writes them; otherwise a difference fails the
-//! test with a diff. A constant whose literal is long (the Hadamard matrix)
-//! is stored as its shape, element count and hash; XLA's parser reads the
-//! full text in the file's batch.
+//! The rewrites' snapshots, kept by [insta](https://insta.rs):
+//! `tests/cases/snapshots/FILE[.VARIANT].PLAN.snap`, the canonical text of a
+//! test's rewrite ([`equarx::Rewritten::canonical_text`]: instructions
+//! renamed `base.N` in print order, so id shifts do not churn diffs) under a
+//! name that says the plan. Each file is a short YAML header (the test, its
+//! case file) and then the HLO text verbatim. A constant whose literal is
+//! long (the Hadamard matrix) is stored as its shape, element count and
+//! hash; XLA's parser reads the full text in the file's batch.
+//!
+//! insta compares, prints the diff and writes: locally a changed or new
+//! rewrite leaves `FILE...snap.new` for `cargo insta review`;
+//! `INSTA_UPDATE=always` writes the `.snap` in place; on CI (`CI` set)
+//! nothing is written (docs/snapshots.md).
 
 use std::path::PathBuf;
 
@@ -16,8 +22,11 @@ pub fn dir() -> PathBuf {
     common::repo().join("tests/cases/snapshots")
 }
 
-pub fn blessing() -> bool {
-    std::env::var_os("EQUARX_BLESS").is_some_and(|v| v == "1")
+/// Whether this run accepts every rewrite as its snapshot
+/// (`INSTA_UPDATE=always`, insta's switch): then snapshots that belong to
+/// no test are removed too.
+pub fn accepting() -> bool {
+    std::env::var_os("INSTA_UPDATE").is_some_and(|v| v == "always")
 }
 
 /// The plan as a file-name part: `ring+hadamard/loop` →
@@ -27,12 +36,12 @@ pub fn slug(plan: &str) -> String {
     plan.replace(", ", ",").replace(['/', ' '], "-")
 }
 
-/// The snapshot's file name: `FILE.PLAN.hlo` for a file's base test,
-/// `FILE.VARIANT.PLAN.hlo` for a variant.
-pub fn file_name(file: &str, variant: Option<&str>, plan: &str) -> String {
+/// The snapshot's insta name: `FILE.PLAN` for a file's base test,
+/// `FILE.VARIANT.PLAN` for a variant; its file is the name with `.snap`.
+pub fn snapshot_name(file: &str, variant: Option<&str>, plan: &str) -> String {
     match variant {
-        None => format!("{file}.{}.hlo", slug(plan)),
-        Some(v) => format!("{file}.{v}.{}.hlo", slug(plan)),
+        None => format!("{file}.{}", slug(plan)),
+        Some(v) => format!("{file}.{v}.{}", slug(plan)),
     }
 }
 
@@ -92,16 +101,10 @@ fn summarize_line(line: &str) -> String {
     )
 }
 
-/// The stored form of test `name`'s rewrite of `source`.
-pub fn stored_form(name: &str, source: &str, plan: &str, canonical: &str) -> String {
-    format!(
-        "// {name}: tests/cases/{source} rewritten, plan {plan}.\n\
-         // Canonical text; written by EQUARX_BLESS=1 (tests/cases/README.md).\n\n{}",
-        summarized(canonical)
-    )
-}
-
-/// Compares the test's rewrite with its blessed snapshot, or blesses it.
+/// Compares the test's rewrite with its snapshot through insta, which
+/// prints the diff and, as `INSTA_UPDATE` says, writes the `.snap.new` or
+/// the `.snap`. A mismatch is this test's failure (insta's panic, caught),
+/// so the test's other checks still run.
 pub fn check(
     name: &str,
     file: &str,
@@ -109,46 +112,31 @@ pub fn check(
     plan: &str,
     canonical: &str,
 ) -> Result<(), String> {
-    let path = dir().join(file_name(file, variant, plan));
-    let want = stored_form(name, &format!("{file}.hlo"), plan, canonical);
-    let have = std::fs::read_to_string(&path).ok();
-    if have.as_deref() == Some(want.as_str()) {
+    let snapshot = snapshot_name(file, variant, plan);
+    let rel = format!("tests/cases/snapshots/{snapshot}.snap");
+    let existed = dir().join(format!("{snapshot}.snap")).exists();
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(dir());
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_input_file(common::repo().join(format!("tests/cases/{file}.hlo")));
+    settings.set_description(format!(
+        "{name}: tests/cases/{file}.hlo rewritten, plan {plan}"
+    ));
+    settings.set_omit_expression(true);
+    let stored = summarized(canonical);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        settings.bind(|| insta::assert_snapshot!(snapshot.as_str(), stored));
+    }));
+    if outcome.is_ok() {
         return Ok(());
     }
-    if blessing() {
-        std::fs::create_dir_all(dir()).map_err(|e| e.to_string())?;
-        std::fs::write(&path, &want).map_err(|e| format!("{}: {e}", path.display()))?;
-        eprintln!("{name}: blessed {}", path.display());
-        return Ok(());
-    }
-    let rel = path
-        .strip_prefix(common::repo())
-        .unwrap_or(&path)
-        .display()
-        .to_string();
-    match have {
-        None => Err(format!(
-            "{name}: no snapshot {rel}; review the rewrite, then EQUARX_BLESS=1 writes it"
-        )),
-        Some(have) => {
-            let diff = similar::TextDiff::from_lines(&have, &want);
-            let text = diff
-                .unified_diff()
-                .context_radius(3)
-                .header(&format!("{rel} (blessed)"), &format!("{name} (now)"))
-                .to_string();
-            let lines: Vec<&str> = text.lines().collect();
-            let shown = lines.len().min(400);
-            Err(format!(
-                "{name}: the rewrite differs from its snapshot {rel} \
-                 (EQUARX_BLESS=1 accepts it):\n{}{}",
-                lines[..shown].join("\n"),
-                if shown < lines.len() {
-                    format!("\n... {} more diff lines", lines.len() - shown)
-                } else {
-                    String::new()
-                }
-            ))
-        }
-    }
+    let what = if existed {
+        format!("the rewrite differs from its snapshot {rel} (insta's diff is above)")
+    } else {
+        format!("no snapshot {rel} yet")
+    };
+    Err(format!(
+        "{name}: {what}; review it with `cargo insta review`, or accept every \
+         rewrite with `INSTA_UPDATE=always cargo nextest run --test filetests`"
+    ))
 }
