@@ -102,7 +102,7 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
         ("P", Right),
         ("bytes", Right),
         ("plan", Left),
-        ("bf16 us", Right),
+        ("baseline us", Right),
         ("equarx us", Right),
         ("speedup", Right),
         ("rel.err", Right),
@@ -118,7 +118,7 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
             op.op.group_size.map_or("-".into(), |p| p.to_string()),
             op.op.payload_bytes.to_string(),
             op.plan.as_ref().map_or("-".into(), tables::plan_cell),
-            us(time.map(|t| t.bf16_us)),
+            us(time.map(|t| t.baseline_us)),
             us(time.map(|t| t.equarx_us)),
             time.map_or("-".into(), |t| format!("{:.2}x", t.speedup)),
             op.predicted_rel_rms

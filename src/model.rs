@@ -64,7 +64,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
     use Align::{Left, Right};
     let mut t = Columns::new(&[
         ("bf16 size", Right),
-        ("bf16 us", Right),
+        ("baseline us", Right),
         ("equarx us", Right),
         ("compute us", Right),
         ("speedup", Right),
@@ -80,7 +80,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
         };
         t.row(vec![
             human_bytes(bytes),
-            format!("{:.1}", p.bf16_us),
+            format!("{:.1}", p.baseline_us),
             format!("{:.1}", p.equarx_us),
             format!("{:.1}", p.compute_us),
             format!("{:.2}x", p.speedup()),

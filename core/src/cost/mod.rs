@@ -187,7 +187,9 @@ fn gpu(name: &str, hbm: f64) -> Topology {
 /// Predicted times of one all-reduce, µs.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Prediction {
-    pub bf16_us: f64,
+    /// XLA's own collective, its payload in its own type (bf16, f16 or
+    /// f32): [`baseline_collective_us`].
+    pub baseline_us: f64,
     pub equarx_us: f64,
     /// The equarx part spent on quantize/dequantize work, µs.
     pub compute_us: f64,
@@ -195,7 +197,7 @@ pub struct Prediction {
 
 impl Prediction {
     pub fn speedup(&self) -> f64 {
-        self.bf16_us / self.equarx_us
+        self.baseline_us / self.equarx_us
     }
 }
 
@@ -204,7 +206,8 @@ impl Prediction {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PredictedTime {
     pub topology: String,
-    pub bf16_us: f64,
+    /// [`Prediction::baseline_us`].
+    pub baseline_us: f64,
     pub equarx_us: f64,
     pub speedup: f64,
 }
@@ -340,7 +343,7 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
         comm + compute
     };
     Prediction {
-        bf16_us: baseline_collective_us(t, plan.collective, plan.group_size, payload_bytes),
+        baseline_us: baseline_collective_us(t, plan.collective, plan.group_size, payload_bytes),
         equarx_us,
         compute_us: compute,
     }

@@ -340,7 +340,7 @@ fn worth_it(
     }
     let time = PredictedTime {
         topology: options.topology.name.clone(),
-        bf16_us: prediction.bf16_us,
+        baseline_us: prediction.baseline_us,
         equarx_us: prediction.equarx_us,
         speedup: prediction.speedup(),
     };

@@ -78,7 +78,7 @@ pub enum SkipReason {
     #[error(
         "the cost model predicts no gain on {}: {:.2}x ({collective} in its own type {:.1} us, \
          equarx {plan} {:.1} us; a model, see --topology, or force with --min-payload)",
-        .time.topology, .time.speedup, .time.bf16_us, .time.equarx_us
+        .time.topology, .time.speedup, .time.baseline_us, .time.equarx_us
     )]
     NotFaster {
         time: PredictedTime,
