@@ -334,33 +334,6 @@ fn generated_block(path: &str, begin: &str, end: &str, generated: &str, stale: &
     }
 }
 
-/// The README's short table: each option, its default, and its one-line
-/// help up to the first clause (`Elements per quantization block`); the
-/// reasons, `equarx::options::markdown_table()`, are in docs/options.md.
-fn readme_table() -> String {
-    let mut out = String::from("| option | default | what |\n|---|---|---|\n");
-    for o in OPTIONS {
-        let aliases: String = o
-            .aliases
-            .iter()
-            .map(|a| format!(", `--{}`", a.replace('_', "-")))
-            .collect();
-        let cut = [": ", " (", "; ", ". "]
-            .iter()
-            .filter_map(|sep| o.help.find(sep))
-            .min()
-            .unwrap_or(o.help.len());
-        let what = o.help[..cut].trim_end_matches('.');
-        out.push_str(&format!(
-            "| `--{}` {}{aliases} | {} | {what} |\n",
-            o.flag(),
-            o.syntax.placeholder().replace('|', "\\|"),
-            o.default_text(),
-        ));
-    }
-    out
-}
-
 #[test]
 fn docs_are_made_from_the_option_list() {
     let begin = "BEGIN options: made from core/src/options/schema.rs";
@@ -369,7 +342,7 @@ fn docs_are_made_from_the_option_list() {
         "README.md",
         begin,
         "<!-- END options -->",
-        &readme_table(),
+        &equarx::options::summary_table(),
         &mut stale,
     );
     generated_block(

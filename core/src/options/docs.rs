@@ -1,32 +1,53 @@
-//! The docs made from the table: the README's option table and the key
-//! lists of `cpp_shim/README.md` and `cpp_shim/include/equarx.h`
-//! (`tests/options.rs` checks that the files hold what these make).
+//! The docs made from the table: the option tables of the README and
+//! `docs/options.md`, and the key lists of `cpp_shim/README.md` and
+//! `cpp_shim/include/equarx.h` (`tests/options.rs` checks that the files
+//! hold what these make).
 
 use std::fmt::Write as _;
 
 use super::{OPTIONS, RewriteOptions};
 
-/// The README's table ("Options (the pass)").
+/// An option's first cell: `` `--flag` PLACEHOLDER, `--alias` `` (a bare
+/// `|` would end the table cell).
+fn flag_cell(o: &super::OptionSpec) -> String {
+    let aliases: String = o
+        .aliases
+        .iter()
+        .map(|a| format!(", `--{}`", a.replace('_', "-")))
+        .collect();
+    format!(
+        "`--{}` {}{aliases}",
+        o.flag(),
+        o.syntax.placeholder().replace('|', "\\|")
+    )
+}
+
+/// The README's short table ("Options"): each option, its default, and its
+/// help up to the first clause (`Elements per quantization block`).
+pub fn summary_table() -> String {
+    let mut out = String::from("| option | default | what |\n|---|---|---|\n");
+    for o in OPTIONS {
+        let cut = [": ", " (", "; ", ". "]
+            .iter()
+            .filter_map(|sep| o.help.find(sep))
+            .min()
+            .unwrap_or(o.help.len());
+        let what = o.help[..cut].trim_end_matches('.');
+        let _ = writeln!(out, "| {} | {} | {what} |", flag_cell(o), o.default_text());
+    }
+    out
+}
+
+/// `docs/options.md`'s table: each option, its default, and why (its
+/// links relative to the repository's root).
 pub fn markdown_table() -> String {
     let mut out = String::from("| option | default | why |\n|---|---|---|\n");
     for o in OPTIONS {
-        let aliases: String = o
-            .aliases
-            .iter()
-            .map(|a| format!(", `--{}`", a.replace('_', "-")))
-            .collect();
         let default = match (o.show)(&RewriteOptions::default()) {
             Some(v) if !v.is_empty() => v,
             _ => format!("({})", o.unset),
         };
-        let _ = writeln!(
-            out,
-            "| `--{}` {}{aliases} | {default} | {} |",
-            o.flag(),
-            // A bare | would end the table cell.
-            o.syntax.placeholder().replace('|', "\\|"),
-            o.why
-        );
+        let _ = writeln!(out, "| {} | {default} | {} |", flag_cell(o), o.why);
     }
     out
 }

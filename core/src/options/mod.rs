@@ -44,7 +44,7 @@ mod docs;
 mod readers;
 mod schema;
 
-pub use docs::{key_list, markdown_key_list, markdown_table};
+pub use docs::{key_list, markdown_key_list, markdown_table, summary_table};
 pub use readers::{
     auto_choice, boolean, byte_count, choice, integer, list, nullable, number, parse_bytes, text,
     whole,
