@@ -376,7 +376,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         syntax: Syntax::Choice(auto_names::<Rotation>),
         help: "Rotate every block by an orthonormal Hadamard transform before quantizing \
                (undone once at the end): an outlier's energy spreads over its block. auto: \
-               wherever the time model says it costs at most 5 %.",
+               plans with and without it are weighed, and the rotation stays where its \
+               plan comes within 5 % of the fastest and predicts the lower error.",
         why: "an outlier sets its block's step; rotated, the block's energy is spread evenly, \
               which cuts the error on outlier-heavy activations several times (P = 8, 100x \
               outliers on 0.1 % of the inputs: 3.6 % → 0.5 % in real XLA) and changes nothing \

@@ -190,6 +190,9 @@ fn candidates(
 ) -> Result<Vec<Config>, SkipReason> {
     let mut configs = configurations(p, options);
     // The gather and the exchange of rows have no reduce algorithm to pick.
+    // Kept: their one schedule is the plan's collective, and `Ring` here is
+    // only the value one `Config` type for every kind must hold (their
+    // labels, `gather`/`exchange`, never read it).
     match collective {
         Collective::AllReduce | Collective::ReduceScatter => {}
         Collective::AllGather | Collective::AllToAll => {
