@@ -7,6 +7,7 @@
 //! graph, shapes of the ops equarx models (see [`crate::ir::infer`]), and a
 //! schedule that orders exactly each computation's instructions.
 
+use crate::ir::opcode::Opcode;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::ir::{Computation, Module, infer, shape};
@@ -250,7 +251,7 @@ fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(),
             Ok(_) => {}
             Err(message) => return Err(bad(message)),
         }
-        if instr.opcode == "parameter" {
+        if Opcode::of(instr) == Some(Opcode::Parameter) {
             let params = c.header().program_shape.as_ref().map(|p| &p.parameters);
             let n = instr.parameter_number;
             if let Some(expected) =

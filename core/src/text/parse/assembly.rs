@@ -2,6 +2,7 @@
 //! names resolved, computations ordered callees first, the module-level
 //! fields filled).
 
+use crate::ir::opcode::Opcode;
 use std::collections::HashMap;
 
 use super::computation::CompText;
@@ -148,7 +149,7 @@ fn resolve_calls(
                     .get(name)
                     .ok_or_else(|| Failure::new(*at, format!("undefined computation '{name}'")))?;
                 instr.called_computation_ids.push(ids[k]);
-                if instr.opcode == "fusion" {
+                if Opcode::of(instr) == Some(Opcode::Fusion) {
                     fusion_callee[k] = true;
                 }
                 these.push((k, *at));
@@ -176,7 +177,7 @@ fn program_shape(c: &CompText) -> Res<(i64, ProgramShapeProto)> {
         .instrs
         .iter()
         .enumerate()
-        .filter(|(_, i)| i.opcode == "parameter")
+        .filter(|(_, i)| Opcode::of(i) == Some(Opcode::Parameter))
         .map(|(j, i)| (i.parameter_number, j))
         .collect();
     params.sort();

@@ -4,6 +4,7 @@
 //! predecessors, statistics, result accuracy, origin, metadata and backend
 //! config, in XLA's order.
 
+use crate::ir::opcode::Opcode;
 use std::fmt::Write;
 
 use super::Printer;
@@ -48,7 +49,7 @@ impl Printer<'_> {
         out.push(')');
         let mut attrs = self.op_attributes(i)?;
         attrs.extend(self.called_computations(i));
-        if i.opcode == "call" && i.is_composite {
+        if Opcode::of(i) == Some(Opcode::Call) && i.is_composite {
             attrs.push("is_composite=true".into());
         }
         if let Some(s) = &i.sharding {
@@ -135,7 +136,7 @@ impl Printer<'_> {
             "fusion" | "async-start" | "async-update" | "async-done" | "call"
                 if called.len() == 1 =>
             {
-                let key = if i.opcode == "call" {
+                let key = if Opcode::of(i) == Some(Opcode::Call) {
                     "to_apply"
                 } else {
                     "calls"

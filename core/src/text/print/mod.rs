@@ -18,6 +18,7 @@ mod instruction;
 mod literals;
 mod shapes;
 
+use crate::ir::opcode::Opcode;
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -190,7 +191,7 @@ impl<'a> Printer<'a> {
         let mut params: Vec<&HloInstructionProto> = instrs
             .iter()
             .copied()
-            .filter(|i| i.opcode == "parameter")
+            .filter(|i| Opcode::of(i) == Some(Opcode::Parameter))
             .collect();
         params.sort_by_key(|i| i.parameter_number);
         let params: Vec<String> = params
