@@ -236,7 +236,6 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
-/// What a job's answer must show.
 /// Random modules of the property tests' generator (fixed seed), one per
 /// test, each beside its plain compile.
 const SAMPLES: usize = 16;
@@ -267,7 +266,7 @@ fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
             continue;
         }
         let path = dir.join(format!("{taken}.hlo"));
-        std::fs::write(&path, c.hlo()).expect("write a sample module");
+        write_unless_same(&path, &c.hlo());
         let (replicas, partitions) = c.counts();
         let options = options_json(&c.rewrite_options());
         let gpu = gpu_topology(n).expect("an H100 node of 4 or 8");
@@ -293,6 +292,19 @@ fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
         }
         taken += 1;
     }
+}
+
+/// Writes `text` to `path` unless the file holds it already. Every test
+/// process of the suite makes the sample again and the batch that compiles
+/// it may be reading it: a new text goes in by rename, so a reader sees the
+/// old file or the new, never half of one.
+fn write_unless_same(path: &Path, text: &str) {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return;
+    }
+    let tmp = path.with_extension(format!("hlo.{}.partial", std::process::id()));
+    std::fs::write(&tmp, text).expect("write a sample module");
+    std::fs::rename(&tmp, path).expect("put a sample module in place");
 }
 
 /// `options` as the JSON the C ABI reads: every option whose value differs
@@ -324,6 +336,8 @@ fn options_json(options: &equarx::RewriteOptions) -> Value {
     json
 }
 
+/// What a job's answer must show (`answers`: its batch's, for the plain
+/// compile a random module is judged against).
 fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
     let name = &job.name;
     if let Want::AsPlain(plain, _) = &job.expect {

@@ -128,9 +128,9 @@ fn core_version() -> String {
         .to_string()
 }
 
-/// The README's blocks that this test runs: how to install (`scripts/wheel`,
-/// then `pip install` of the wheel) and the JAX snippet.
-fn readme_blocks() -> (String, String) {
+/// The README's JAX snippet, after checking that its install block is what
+/// this test does (`scripts/wheel`, then `pip install` of the wheel).
+fn readme_snippet() -> String {
     let mut blocks = common::doc_blocks(
         "README.md",
         "tests/wheel.rs::the_wheel_installs_offline_and_rewrites_a_tensor_parallel_block_from_a_fresh_venv",
@@ -156,7 +156,7 @@ fn readme_blocks() -> (String, String) {
         "this test runs scripts/wheel and pip-installs the wheel it made: {install}"
     );
     assert!(snippet.contains("import"), "{snippet}");
-    (install, snippet)
+    snippet
 }
 
 /// A command in the fresh venv's world: the checkout out of reach.
@@ -179,7 +179,7 @@ fn the_wheel_installs_offline_and_rewrites_a_tensor_parallel_block_from_a_fresh_
     // What the README shows, before anything is built: its install block
     // is what steps 1 and 2 do (into a scratch dir and a fresh venv), and
     // step 5 runs its snippet.
-    let (_install, snippet) = readme_blocks();
+    let snippet = readme_snippet();
     let repo = common::repo();
     let (target, profile) = target_and_profile();
     let wheelhouse = wheelhouse(&target);

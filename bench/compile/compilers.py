@@ -10,8 +10,9 @@ undone and libtpu reads LIBTPU_INIT_ARGS once. Rows per topology:
 
 - original: the program as JAX lowers it;
 - hook: equarx registered at the compiler's pre-scheduler hook with the
-  topology's defaults and `min_payload_bytes=0` (every eligible op) (on XLA:TPU it rewrites nothing: the module is tiled
-  there, and the row shows what equarx's presence costs);
+  topology's defaults and `min_payload_bytes=0` (every eligible op); on
+  XLA:TPU it rewrites nothing (the module is tiled there), and the row shows
+  what equarx's presence costs;
 - before: `equarx.jax.rewrite_lowered`, the same options;
 - libtpu QAR: libtpu's own quantized all-reduce
   (--xla_tpu_quantized_all_reduce_level=1, size threshold 0), TPU only.
@@ -22,9 +23,9 @@ a 4-layer tensor-parallel MLP (width 2048, hidden 8192, 512 tokens), one psum
 of 2 MiB per layer; `gemma`, Gemma 3 270M's Megatron forward from
 `bench/model` (bf16, one 512-token window, 36 psums of 640 KiB; the config
 from the model's GGUF, which `bench/model` fetches once; shapes only, no
-weights), at most 4-way (the model has 4 query heads). Prints one line per row: compile seconds (min of runs),
-the ratio to the original, fusions in the compiled module, the collectives'
-wire types, and the temp memory.
+weights), at most 4-way (the model has 4 query heads). Prints one line per
+row: compile seconds (min of runs), the ratio to the original, fusions in the
+compiled module, the collectives' wire types, and the temp memory.
 """
 
 import argparse
@@ -109,7 +110,7 @@ def one(args):
     # The topology's defaults, every eligible op rewritten (on h100 the time
     # model declines these sizes, and a row that rewrites nothing says
     # nothing about what a rewrite costs).
-    defaults = {"topology": "h100" if topo_name.startswith("h100") else topo_name.split(":")[0],
+    defaults = {"topology": "h100" if platform(topo_name) == "gpu" else topo_name.split(":")[0],
                 "min_payload_bytes": 0}
     topo = tool.topology(platform(topo_name), topo_name)
     devices = sorted(topo.devices, key=lambda d: d.id)
@@ -159,7 +160,7 @@ def main(argv=None):
     print("%-9s %-5s %-11s %9s %7s %8s %-14s %s" % (
         "topology", "prog", "row", "compile_s", "ratio", "fusions", "wire", "temp_MiB"))
     for topo in args.topologies.split(","):
-        doors = ["original", "hook", "before"] + ([] if topo.startswith("h100") else ["libtpu-qar"])
+        doors = ["original", "hook", "before"] + (["libtpu-qar"] if platform(topo) == "tpu" else [])
         for prog in args.programs.split(","):
             base = None
             for door in doors:

@@ -7,9 +7,9 @@
 //! graph, shapes of the ops equarx models (see [`crate::ir::infer`]), and a
 //! schedule that orders exactly each computation's instructions.
 
-use crate::ir::opcode::Opcode;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use crate::ir::opcode::Opcode;
 use crate::ir::{Computation, Module, infer, shape};
 use crate::proto::{HloInstructionProto, LiteralProto, ShapeProto};
 

@@ -286,9 +286,8 @@ fn single_done(
     start: &HloInstructionProto,
     done_opcode: Opcode,
 ) -> Result<InstrId, SkipReason> {
-    let users = comp.users();
-    let only_user = match users.get(&InstrId(start.id)).map(Vec::as_slice) {
-        Some(&[done]) => comp.get(done),
+    let only_user = match comp.users_of(InstrId(start.id)).as_slice() {
+        &[done] => Some(done),
         _ => None,
     };
     match only_user {

@@ -214,13 +214,7 @@ impl Readers {
             return readers;
         }
         readers.others = comp.root_id() == target;
-        let users = comp.users();
-        for i in users
-            .get(&target)
-            .into_iter()
-            .flatten()
-            .filter_map(|&u| comp.get(u))
-        {
+        for i in comp.users_of(target) {
             if Opcode::of(i) == Some(Opcode::GetTupleElement) && i.operand_ids.len() == 1 {
                 readers.elements.push((InstrId(i.id), i.tuple_index));
             } else {
@@ -301,10 +295,7 @@ pub fn narrow_source(
     let convert = comp.get(operand)?;
     let source = comp.get(InstrId(*convert.operand_ids.first()?))?;
     let wrapped = widening(module, convert, source)?;
-    let read_elsewhere = comp
-        .users()
-        .get(&operand)
-        .is_some_and(|users| users.iter().any(|&u| u != user));
+    let read_elsewhere = comp.users_of(operand).iter().any(|u| u.id != user.0);
     let orders_others = comp
         .instructions()
         .iter()

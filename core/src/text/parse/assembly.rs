@@ -2,12 +2,12 @@
 //! names resolved, computations ordered callees first, the module-level
 //! fields filled).
 
-use crate::ir::opcode::Opcode;
 use std::collections::HashMap;
 
 use super::computation::CompText;
 use super::{Failure, Res};
 use crate::ir::DeviceCounts;
+use crate::ir::opcode::Opcode;
 use crate::proto::hlo_schedule_proto::InstructionSequence;
 use crate::proto::{
     FrontendAttributes, HloBufferDonorProto, HloComputationProto, HloInputOutputAliasProto,

@@ -4,7 +4,6 @@
 //! predecessors, statistics, result accuracy, origin, metadata and backend
 //! config, in XLA's order.
 
-use crate::ir::opcode::Opcode;
 use std::fmt::Write;
 
 use super::Printer;
@@ -13,6 +12,7 @@ use super::attributes::{
 };
 use super::literals::{float_text, literal};
 use super::shapes::print_shape;
+use crate::ir::opcode::Opcode;
 use crate::proto::{HloInstructionProto, PrimitiveType};
 
 impl Printer<'_> {
@@ -107,17 +107,18 @@ impl Printer<'_> {
         if called.is_empty() {
             return vec![];
         }
-        match i.opcode.as_str() {
+        let op = Opcode::of(i);
+        match op {
             // XLA stores a while's computations as [body, condition].
-            "while" if called.len() == 2 => vec![
+            Some(Opcode::While) if called.len() == 2 => vec![
                 format!("condition={}", self.comp(called[1])),
                 format!("body={}", self.comp(called[0])),
             ],
-            "select-and-scatter" if called.len() == 2 => vec![
+            Some(Opcode::SelectAndScatter) if called.len() == 2 => vec![
                 format!("select={}", self.comp(called[0])),
                 format!("scatter={}", self.comp(called[1])),
             ],
-            "conditional" => {
+            Some(Opcode::Conditional) => {
                 let branch_index = i
                     .operand_ids
                     .first()
@@ -133,17 +134,21 @@ impl Printer<'_> {
                     vec![format!("branch_computations={{{}}}", names.join(", "))]
                 }
             }
-            "fusion" | "async-start" | "async-update" | "async-done" | "call"
-                if called.len() == 1 =>
-            {
-                let key = if Opcode::of(i) == Some(Opcode::Call) {
+            Some(
+                Opcode::Fusion
+                | Opcode::AsyncStart
+                | Opcode::AsyncUpdate
+                | Opcode::AsyncDone
+                | Opcode::Call,
+            ) if called.len() == 1 => {
+                let key = if op == Some(Opcode::Call) {
                     "to_apply"
                 } else {
                     "calls"
                 };
                 vec![format!("{key}={}", self.comp(called[0]))]
             }
-            "custom-call" => {
+            Some(Opcode::CustomCall) => {
                 let names: Vec<String> = called.iter().map(|&c| self.comp(c)).collect();
                 if names.len() == 1 {
                     vec![format!("to_apply={}", names[0])]

@@ -18,11 +18,11 @@ mod instruction;
 mod literals;
 mod shapes;
 
-use crate::ir::opcode::Opcode;
 use std::collections::HashMap;
 use std::fmt::Write;
 
 use crate::ir::DeviceCounts;
+use crate::ir::opcode::Opcode;
 use crate::proto::{
     HloComputationProto, HloInstructionProto, HloModuleProto, ShapeProto, StackFrameIndexProto,
 };

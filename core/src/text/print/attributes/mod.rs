@@ -2,11 +2,11 @@
 //!
 //! [`Printer::op_attributes`] is the opcode's own attributes, in XLA's
 //! order: one match over the [`Opcode`] whose arms are a line each, a call
-//! to one op's function below, or a call into the attribute family's file. This file holds that match and the
-//! attributes of single ops (slices, padding, comparisons, custom calls,
-//! ...); [`dimension_numbers`] holds dot, convolution, gather and scatter
-//! (with windows and precision configs), [`collectives`] the collectives
-//! and their replica groups, [`sharding`] shardings and domains, and
+//! to one op's function below, or a call into the attribute family's file.
+//! This file holds that match and the attributes of single ops (slices,
+//! padding, comparisons, custom calls, ...); [`dimension_numbers`] holds
+//! dot, convolution, gather and scatter (with windows and precision
+//! configs), [`collectives`] the collectives and their replica groups, [`sharding`] shardings and domains, and
 //! [`metadata`] what any instruction may carry (metadata, frontend
 //! attributes, backend config, result accuracy, origin).
 
