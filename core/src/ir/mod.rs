@@ -243,6 +243,10 @@ impl Module {
         let mut max_channel = 0i64;
         for (i, c) in self.comps.iter().enumerate() {
             self.comp_pos.entry(c.id()).or_insert(i);
+            // Computations and instructions draw fresh names from one
+            // pool: a computation a previous run added (`equarx_max_s32.0`)
+            // is never named again.
+            self.names.insert(name_hash(&c.header.name));
             let mut max_local = 0i64;
             for instr in &c.instrs {
                 max_local = max_local.max(instr.id & 0xffff_ffff);
