@@ -52,6 +52,10 @@ use std::fmt;
 /// millions of collectives (or, unrolled, millions of instructions).
 pub const MAX_RING_HOPS: u64 = 1 << 14;
 
+/// The arrays a quantized message travels as, each by a collective of its
+/// own in the same step: the codes and the scales.
+pub const MESSAGE_ARRAYS: u64 = 2;
+
 crate::choice_enum! {
     /// How the scales travel: f32 (kept to 17 significant bits), or bf16.
     /// The codes are computed against the scale that travels.
@@ -541,7 +545,8 @@ impl Plan {
         self.chunk * self.group_size
     }
 
-    /// Bytes of one message carrying `len` elements (codes, then scales).
+    /// Bytes of one message carrying `len` elements (its codes and its
+    /// scales, [`MESSAGE_ARRAYS`] arrays).
     pub fn message_len(&self, len: usize) -> usize {
         len * self.config.format.bits() / 8 + len / self.block() * self.scale_type().bytes()
     }
@@ -550,6 +555,17 @@ impl Plan {
     pub fn directions(&self) -> Vec<i64> {
         let mut dirs: Vec<i64> = self.lanes.iter().map(|l| l.dir).collect();
         dirs.dedup();
+        dirs
+    }
+
+    /// The directions a permute gather's relays travel, each with half of
+    /// the chunk's blocks: the lanes' directions, or only the first when
+    /// the chunk is one block.
+    pub fn relay_directions(&self) -> Vec<i64> {
+        let mut dirs = self.directions();
+        if self.chunk <= self.block() {
+            dirs.truncate(1);
+        }
         dirs
     }
 
@@ -601,7 +617,7 @@ impl Plan {
                 Phase::Gather => match self.config.gather {
                     GatherForm::AllGather => 1,
                     GatherForm::Permute => {
-                        (self.group_size as u64 - 1) * self.directions().len() as u64
+                        (self.group_size as u64 - 1) * self.relay_directions().len() as u64
                     }
                 },
             })

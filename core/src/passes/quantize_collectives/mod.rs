@@ -7,14 +7,14 @@
 //! before                          after (ring, loop form, one lane per direction)
 //!
 //! x = bf16[S] ...                 x  = bf16[S] ...
-//! y = bf16[S] all-reduce(x),      f  = bf16[P,c] reshape(pad(x))            (rotated: f32, H·block)
+//! y = bf16[S] all-reduce(x),      f  = bf16[P,c/B,B] reshape(pad(x))        (rotated: f32, H·block)
 //!     to_apply=add                r  = s32[] rank(partition-id())          table lookup
 //! use(y)                          p0 = own part of chunk (r-1) mod P
 //!                                 w  = while s < P-1:                      (reduce-scatter)
-//!                                 │ m  = s8[nb, B+2] quantize(p)            codes ++ scale bytes
-//!                                 │ m' = collective-permute(m), r → r+1
+//!                                 │ m  = quantize(p)                        s8[nb,B] codes, u16[nb] scale bits
+//!                                 │ m' = collective-permute(m), r → r+1     one per array
 //!                                 │ p  = dequantize(m') + own part of chunk (r-s-2) mod P
-//!                                 g  = s8[P, msg] all-gather(quantize(p))
+//!                                 g  = all-gather(quantize(p))            codes and scales
 //!                                 v  = f32[P·c] dequantize(g)              every rank, owner too
 //!                                 y' = bf16[S] convert(reshape(slice(v)))
 //!                                 use(y')

@@ -1,9 +1,9 @@
-//! The code formats: a block quantized into a message (codes, then the
-//! scale's bytes) and a message dequantized, for int8, fp8 (e4m3, e5m2) and
+//! The code formats: blocks quantized into a [`Message`] (their codes and
+//! their scales) and a message dequantized, for int8, fp8 (e4m3, e5m2) and
 //! int4 (two codes to a byte). The arithmetic is the contract of
 //! [`crate::numerics`], op for op.
 
-use super::{Const, Emitter, float_type};
+use super::{Const, Emitter, Message, float_type};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::numerics::{absmax_floor, hadamard_norm, inv_qmax, scale_mantissa_bits};
@@ -12,9 +12,8 @@ use crate::proto::PrimitiveType;
 use crate::proto::precision_config::Precision;
 
 impl Emitter<'_, '_, '_> {
-    /// f32 `[nb, B]` blocks → s8 `[nb, code bytes + scale bytes]`
-    /// messages (code bytes: B, or B/2 for int4).
-    pub(super) fn quantize(&mut self, blocks: &Value) -> Value {
+    /// f32 `[nb, B]` blocks → their [`Message`].
+    pub(super) fn quantize(&mut self, blocks: &Value) -> Message {
         let nb = self.dim(blocks, 0);
         let bl = self.plan().block() as i64;
         let format = self.plan().config.format;
@@ -76,8 +75,31 @@ impl Emitter<'_, '_, '_> {
                 self.b.bitcast_convert(&codes, PrimitiveType::S8)
             }
         };
-        let scale_bytes = self.pack_scales(&scale, nb);
-        self.b.concatenate(&[codes, scale_bytes], 1)
+        // The scales travel as their bits, an unsigned integer of the
+        // scale type's width: the wire carries no float, which equarx run
+        // once more (or any pass that quantizes float collectives) would
+        // take for a payload of its own.
+        let scales = match self.plan().scale_type() {
+            ScaleType::F32 => self.b.bitcast_convert(&scale, PrimitiveType::U32),
+            // Exact: the scale holds a bf16 value already.
+            ScaleType::Bf16 => {
+                let narrow = self.b.convert(&scale, PrimitiveType::Bf16);
+                self.b.bitcast_convert(&narrow, PrimitiveType::U16)
+            }
+        };
+        Message { codes, scales }
+    }
+
+    /// A message's scales (their bits, see [`Self::quantize`]) as f32
+    /// `[nb]`.
+    fn scale_values(&mut self, message: &Message) -> Value {
+        match self.plan().scale_type() {
+            ScaleType::F32 => self.b.bitcast_convert(&message.scales, PrimitiveType::F32),
+            ScaleType::Bf16 => {
+                let narrow = self.b.bitcast_convert(&message.scales, PrimitiveType::Bf16);
+                self.b.convert(&narrow, PrimitiveType::F32)
+            }
+        }
     }
 
     /// s8 `[nb, B]` codes in [-7, 7] → s8 `[nb, B/2]`, two to a byte: code
@@ -126,81 +148,21 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// Right-shift amounts that bring each wire byte of a scale's f32 bits
-    /// to the bottom: 0, 8, 16, 24 for f32 scales; 16, 24 for bf16 scales
-    /// (the high half of their f32 bits), broadcast to `[nb, width]`.
-    pub(super) fn byte_shifts(&mut self, nb: i64) -> Value {
-        let (first, width) = match self.plan().scale_type() {
-            ScaleType::F32 => (0, 4),
-            ScaleType::Bf16 => (16, 2),
-        };
-        if let Some(v) = self.shifts.get(&nb) {
-            return v.clone();
-        }
-        let amounts: Vec<i32> = (0..width).map(|k| (first + 8 * k) as i32).collect();
-        let vector = self.b.s32_array(&amounts);
-        let v = self.b.broadcast(&vector, &[nb, width], &[1]);
-        self.shifts.insert(nb, v.clone());
-        v
-    }
-
-    /// f32 scales → s8 `[nb, width]`, their wire bytes little-endian. Only
-    /// same-width bitcasts, shifts and truncating converts: backends compile
-    /// no width-changing bitcast-convert this late (XLA expands those early
-    /// in its pipeline).
-    pub(super) fn pack_scales(&mut self, scale: &Value, nb: i64) -> Value {
-        let width = self.plan().scale_type().bytes() as i64;
-        let bits = self.b.bitcast_convert(scale, PrimitiveType::S32);
-        let spread = self.b.broadcast(&bits, &[nb, width], &[0]);
-        let shifts = self.byte_shifts(nb);
-        let shifted = self.b.binary(Opcode::ShiftRightLogical, &spread, &shifts);
-        self.b.convert(&shifted, PrimitiveType::S8)
-    }
-
-    /// The inverse of [`Self::pack_scales`]: s8 `[nb, width]` → f32 `[nb]`:
-    /// each byte widened and shifted into place, the bytes or-ed together
-    /// by a reduction over the `width` of them (a small one: `nb · width`
-    /// values, against the block's B codes).
-    pub(super) fn unpack_scales(&mut self, scale_bytes: &Value) -> Value {
-        let nb = self.dim(scale_bytes, 0);
-        // Bytes as u8, so that widening them fills with zeros.
-        let bytes = self.b.bitcast_convert(scale_bytes, PrimitiveType::U8);
-        let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
-        let shifts = self.byte_shifts(nb);
-        let placed = self.b.binary(Opcode::ShiftLeft, &unsigned, &shifts);
-        let zero = self.s32c(0);
-        let bits = self.b.reduce(&placed, &zero, &[1], self.inputs.or_s32);
-        self.b.bitcast_convert(&bits, PrimitiveType::F32)
-    }
-
-    /// s8 `[nb, code bytes + width]` messages → their codes as f32 values
-    /// (`[nb, B]`) and scales (f32 `[nb]`).
-    pub(super) fn split(&mut self, message: &Value) -> (Value, Value) {
-        let nb = self.dim(message, 0);
-        let plan = self.plan();
-        let code_bytes = (plan.block() * plan.config.format.bits() / 8) as i64;
-        let width = plan.scale_type().bytes() as i64;
-        let codes = self.b.slice(message, &[0, 0], &[nb, code_bytes]);
-        let bytes = self
-            .b
-            .slice(message, &[0, code_bytes], &[nb, code_bytes + width]);
-        let codes = self.code_values(&codes);
-        (codes, self.unpack_scales(&bytes))
-    }
-
-    /// s8 messages → f32 `[nb, B]` values.
-    pub(super) fn dequantize(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (self.dim(message, 0), self.plan().block() as i64);
-        let (codes, scale) = self.split(message);
+    /// A message → f32 `[nb, B]` values.
+    pub(super) fn dequantize(&mut self, message: &Message) -> Value {
+        let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
+        let codes = self.code_values(&message.codes);
+        let scale = self.scale_values(message);
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
         self.b.multiply(&codes, &scale)
     }
 
     /// Messages of rotated blocks → the values rotated back:
     /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
-    pub(super) fn dequantize_rotated(&mut self, message: &Value) -> Value {
-        let (nb, bl) = (self.dim(message, 0), self.plan().block() as i64);
-        let (codes, scale) = self.split(message);
+    pub(super) fn dequantize_rotated(&mut self, message: &Message) -> Value {
+        let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
+        let codes = self.code_values(&message.codes);
+        let scale = self.scale_values(message);
         let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
         // The norm scales the scale, or is in the matrix already.

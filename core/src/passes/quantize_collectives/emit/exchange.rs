@@ -2,7 +2,7 @@
 //! once and sent to the rank it belongs to by one all-to-all; the
 //! exchange's owner sums what arrives in f32.
 
-use super::Emitter;
+use super::{Emitter, Message};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
@@ -12,7 +12,7 @@ use crate::plan::{Axis, Rotation};
 impl Emitter<'_, '_, '_> {
     /// Reduce-scatter over the whole group by one all-to-all: every slice
     /// quantized once, the owner's sum of the dequantized slices. `held` is
-    /// `[P, c]`; returns f32 `[c]`.
+    /// `[P, c/B, B]`; returns f32 `[c/B, B]`.
     ///
     /// The sum is adds of halves (`numerics::simulate::pairwise_sum`, about
     /// 3·log₂P instructions), not a `reduce`: a reduce's order is the
@@ -23,29 +23,30 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
         let plan = self.plan();
         debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
-        let (p, c) = (plan.group_size as i64, plan.chunk as i64);
+        let (p, bl) = (plan.group_size as i64, plan.block() as i64);
+        let nb = plan.chunk as i64 / bl;
         let received = self.send_rows(held);
         let values = self.dequantize(&received);
-        let mut rows = self.b.reshape(&values, &[p, c]);
+        let mut rows = self.b.reshape(&values, &[p, nb, bl]);
         let mut n = p;
         while n > 1 {
             let h = n / 2;
-            let left = self.b.slice(&rows, &[0, 0], &[h, c]);
-            let right = self.b.slice(&rows, &[h, 0], &[2 * h, c]);
+            let left = self.b.slice(&rows, &[0, 0, 0], &[h, nb, bl]);
+            let right = self.b.slice(&rows, &[h, 0, 0], &[2 * h, nb, bl]);
             let mut sum = self.b.binary(Opcode::Add, &left, &right);
             if n % 2 == 1 {
-                let carry = self.b.slice(&rows, &[2 * h, 0], &[n, c]);
+                let carry = self.b.slice(&rows, &[2 * h, 0, 0], &[n, nb, bl]);
                 sum = self.b.concatenate(&[sum, carry], 0);
             }
             rows = sum;
             n = h + n % 2;
         }
-        self.b.reshape(&rows, &[c])
+        self.b.reshape(&rows, &[nb, bl])
     }
 
-    /// Every row of `held` (`[P, c]`) quantized once, row k sent to rank k;
-    /// returns what arrives, row k from rank k: s8 `[P·blocks, B + width]`.
-    pub(super) fn send_rows(&mut self, held: &Value) -> Value {
+    /// Every row of `held` (`[P, c/B, B]`) quantized once, row k sent to rank k;
+    /// returns what arrives, row k from rank k: the message of `P·blocks`.
+    pub(super) fn send_rows(&mut self, held: &Value) -> Message {
         let plan = self.plan();
         let (p, c, bl) = (
             plan.group_size as i64,
@@ -53,48 +54,62 @@ impl Emitter<'_, '_, '_> {
             plan.block() as i64,
         );
         let nb = c / bl;
-
         let blocks = self.b.reshape(held, &[p * nb, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
-        let width = self.dim(&message, 1);
-        // Rank 2, split along the major dimension: the array form every
-        // backend runs without decomposing it first (the pre-scheduler
-        // hook comes after XLA's all-to-all decomposer).
-        let message = self.b.reshape(&message, &[p, nb * width]);
+        let code_bytes = self.dim(&message.codes, 1);
+        let received = message.map(|array| self.all_to_all_rows(array, p));
+        Message {
+            codes: self.b.reshape(&received.codes, &[p * nb, code_bytes]),
+            scales: self.b.reshape(&received.scales, &[p * nb]),
+        }
+    }
+
+    /// `array`'s P equal parts along its first dimension, part k sent to
+    /// rank k: what arrives, `[P, rows / P, ..]`, part k from rank k.
+    fn all_to_all_rows(&mut self, array: &Value, p: i64) -> Value {
+        let mut dims = array.dims().to_vec();
+        dims[0] /= p;
+        dims.insert(0, p);
+        // Split along the major dimension: the array form every backend
+        // runs without decomposing it first (the pre-scheduler hook comes
+        // after XLA's all-to-all decomposer); the codes keep their blocks'
+        // rows and columns.
+        let rows = self.b.reshape(array, &dims);
         let parts = self.inputs.participants;
         let channel = match parts.space {
             IdSpace::Partition => Some(self.b.fresh_channel_id()),
             IdSpace::Replica => None,
         };
         let groups = parts.groups.clone();
-        let received = if self.inputs.stage == Stage::Fused {
+        if self.inputs.stage == Stage::Fused {
             // XLA:CPU decomposes array all-to-alls into the tuple form early
             // in its pipeline and runs only that form; past that point the
             // pieces are sent as a tuple.
-            let x = nb * width;
             let pieces: Vec<Value> = (0..p)
-                .map(|k| self.b.slice(&message, &[k, 0], &[k + 1, x]))
+                .map(|k| {
+                    let mut starts = vec![0; dims.len()];
+                    let mut limits = dims.clone();
+                    starts[0] = k;
+                    limits[0] = k + 1;
+                    self.b.slice(&rows, &starts, &limits)
+                })
                 .collect();
             let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
             let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
             self.b.concatenate(&got, 0)
         } else {
-            self.b.all_to_all(&message, 0, &groups, channel)
-        };
-        self.b.reshape(&received, &[p * nb, width])
+            self.b.all_to_all(&rows, 0, &groups, channel)
+        }
     }
 
-    /// The all-to-all of the rows of `held` (`[P, c]`), dequantized (and
-    /// rotated back): f32 `[P·c]`, row k from rank k.
+    /// The all-to-all of the rows of `held` (`[P, c/B, B]`), dequantized
+    /// (and rotated back): f32 `[P·c/B, B]`, row k from rank k.
     pub(super) fn scatter(&mut self, held: &Value) -> Value {
-        let plan = self.plan();
-        let n = (plan.group_size * plan.chunk) as i64;
         let received = self.send_rows(held);
-        let values = match plan.config.rotation {
+        match self.plan().config.rotation {
             Rotation::Hadamard => self.dequantize_rotated(&received),
             Rotation::None => self.dequantize(&received),
-        };
-        self.b.reshape(&values, &[n])
+        }
     }
 }

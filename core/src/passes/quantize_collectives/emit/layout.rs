@@ -11,60 +11,80 @@ use crate::proto::precision_config::Precision;
 use crate::proto::{PrimitiveType, ShapeProto};
 
 impl Emitter<'_, '_, '_> {
-    /// The operands flattened, concatenated, padded to P·c, rotated if the
-    /// plan rotates, as `[axis sizes.., c]`. Kept in the operands' narrow
-    /// type when they share one and nothing is rotated: each hop converts
-    /// the part it reads.
+    /// `x` as blocks, `[elements / B, B]`.
+    pub(super) fn blocks(&mut self, x: &Value) -> Value {
+        let bl = self.plan().block() as i64;
+        let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+        self.b.reshape(x, &[n / bl, bl])
+    }
+
+    /// The operands, padded to P·c and rotated if the plan rotates, as
+    /// `[axis sizes.., c/B, B]`: the blocks are the minor dimension of
+    /// every array the plan's steps read and write, so a backend that
+    /// tiles layouts (XLA:TPU) moves no element between tiles from one
+    /// step to the next. Kept in the operands' narrow type when they share
+    /// one and nothing is rotated: each hop converts the part it reads.
     pub(super) fn payload(&mut self, axes: &[Axis]) -> Value {
         let plan = self.plan();
         let operands = self.inputs.operands;
+        let bl = plan.block() as i64;
         let ty = operands[0].element_type();
         let same = operands.iter().all(|x| x.element_type() == ty);
         let rotated = plan.config.rotation == Rotation::Hadamard;
-        let flat: Vec<Value> = operands
+        let sizes: Vec<i64> = operands
             .iter()
-            .map(|x| {
-                let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
+            .map(|x| shape::element_count(&x.shape).unwrap_or(0) as i64)
+            .collect();
+        // Operands of whole blocks are joined and padded as blocks; others
+        // as the flat elements they are.
+        let whole_blocks = sizes.iter().all(|n| n % bl == 0);
+        let pieces: Vec<Value> = operands
+            .iter()
+            .zip(&sizes)
+            .map(|(x, &n)| {
                 let x = if same && !rotated {
                     x.clone()
                 } else {
                     self.f32(x)
                 };
-                self.b.reshape(&x, &[n])
+                let dims: &[i64] = if whole_blocks { &[n / bl, bl] } else { &[n] };
+                self.b.reshape(&x, dims)
             })
             .collect();
-        let mut payload = if flat.len() == 1 {
-            flat[0].clone()
+        let mut payload = if pieces.len() == 1 {
+            pieces[0].clone()
         } else {
-            self.b.concatenate(&flat, 0)
+            self.b.concatenate(&pieces, 0)
         };
-        let padded = plan.padded() as i64;
-        if padded > plan.elements as i64 {
+        let (padded, elements) = (plan.padded() as i64, plan.elements as i64);
+        if padded > elements {
             let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
             let zero = self.b.zero(ty);
-            payload = self
-                .b
-                .pad(&payload, &zero, &[(0, padded - plan.elements as i64)]);
+            payload = if whole_blocks {
+                self.b
+                    .pad(&payload, &zero, &[(0, (padded - elements) / bl), (0, 0)])
+            } else {
+                self.b.pad(&payload, &zero, &[(0, padded - elements)])
+            };
         }
         if rotated {
             payload = self.rotate(&payload, operands_are_bf16(operands));
         }
         let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
-        dims.push(plan.chunk as i64);
+        dims.extend([plan.chunk as i64 / bl, bl]);
         let view = self.b.reshape(&payload, &dims);
-        if operands.iter().any(|x| x.id == payload.id) || flat.iter().any(|f| f.id == payload.id) {
+        if operands.iter().any(|x| x.id == payload.id) || pieces.iter().any(|f| f.id == payload.id)
+        {
             self.borrowed.push(view.id);
         }
         view
     }
 
-    /// f32[n] → each block of B multiplied by `H_B`, then by `fl(1/√B)`.
-    /// Inputs that are bf16 values multiply exactly at any dot precision;
-    /// other f32 inputs ask for the highest.
+    /// Every block of B of `x` multiplied by `H_B`, then by `fl(1/√B)`:
+    /// `[elements / B, B]`. Inputs that are bf16 values multiply exactly at
+    /// any dot precision; other f32 inputs ask for the highest.
     pub(super) fn rotate(&mut self, x: &Value, bf16_valued: bool) -> Value {
-        let bl = self.plan().block() as i64;
-        let n = shape::element_count(&x.shape).unwrap_or(0) as i64;
-        let blocks = self.b.reshape(x, &[n / bl, bl]);
+        let blocks = self.blocks(x);
         let h = self.hadamard();
         let precision = if bf16_valued {
             Precision::Default
@@ -74,16 +94,13 @@ impl Emitter<'_, '_, '_> {
         // Entries ±1 (or ±2^-k, when the norm is folded in): every product
         // is exact, so a backend's fused multiply-adds change nothing.
         let summed = self.b.dot(&blocks, &h, 1, 0, precision);
-        let rotated = if self.norm_folded() {
+        if self.norm_folded() {
             summed
         } else {
-            let norm = self.splat(
-                Const::F32(hadamard_norm(bl as usize).to_bits()),
-                &[n / bl, bl],
-            );
+            let bl = self.plan().block();
+            let norm = self.splat(Const::F32(hadamard_norm(bl).to_bits()), summed.dims());
             self.b.multiply(&summed, &norm)
-        };
-        self.b.reshape(&rotated, &[n])
+        }
     }
 
     /// Whether the rotation's matrix holds its norm: for B a power of four,
@@ -142,11 +159,12 @@ impl Emitter<'_, '_, '_> {
         (before, dims[d], after)
     }
 
-    /// The payload of a collective of rows, `[P, c]` (all-gather: `[c]`,
-    /// its one row): a reduce-scatter's or an array all-to-all's operand
-    /// cut along d into P rows (a transpose brings d to the front when
-    /// dimensions come before it), a tuple all-to-all's operands stacked,
-    /// each row padded to c, rotated when the plan rotates.
+    /// The payload of a collective of rows, `[P, c/B, B]` (all-gather:
+    /// `[c/B, B]`, its one row; a reduce-scatter: `[axis sizes.., c/B, B]`):
+    /// a reduce-scatter's or an array all-to-all's operand cut along d into
+    /// P rows (a transpose brings d to the front when dimensions come
+    /// before it), a tuple all-to-all's operands stacked, each row padded
+    /// to c, rotated when the plan rotates.
     pub(super) fn rows(&mut self, axes: &[Axis]) -> Value {
         let plan = self.plan();
         let (p, c) = (plan.group_size as i64, plan.chunk as i64);
@@ -174,30 +192,36 @@ impl Emitter<'_, '_, '_> {
                 (p, self.b.reshape(&cut, &[p, m]))
             }
         };
+        let bl = plan.block() as i64;
         let mut payload = if rotated { self.f32(&stacked) } else { stacked };
         if c > m {
             let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
             let zero = self.b.zero(ty);
-            payload = self.b.pad(&payload, &zero, &[(0, 0), (0, c - m)]);
+            payload = if m % bl == 0 {
+                let blocks = self.b.reshape(&payload, &[rows, m / bl, bl]);
+                self.b
+                    .pad(&blocks, &zero, &[(0, 0), (0, (c - m) / bl), (0, 0)])
+            } else {
+                self.b.pad(&payload, &zero, &[(0, 0), (0, c - m)])
+            };
         }
         if rotated {
-            let flat = self.b.reshape(&payload, &[rows * c]);
-            payload = self.rotate(&flat, operands_are_bf16(operands));
+            payload = self.rotate(&payload, operands_are_bf16(operands));
         }
-        match plan.collective {
-            Collective::ReduceScatter => {}
-            Collective::AllReduce | Collective::AllGather | Collective::AllToAll => {
-                let dims: &[i64] = if rows == 1 { &[c] } else { &[rows, c] };
-                return self.b.reshape(&payload, dims);
+        // Blocks as the minor dimension (see `payload`).
+        let mut dims: Vec<i64> = match plan.collective {
+            Collective::ReduceScatter => axes.iter().map(|a| a.size as i64).collect(),
+            Collective::AllReduce | Collective::AllGather | Collective::AllToAll if rows == 1 => {
+                vec![]
             }
-        }
-        let mut dims: Vec<i64> = axes.iter().map(|a| a.size as i64).collect();
-        dims.push(c);
+            Collective::AllReduce | Collective::AllGather | Collective::AllToAll => vec![rows],
+        };
+        dims.extend([c / bl, bl]);
         self.b.reshape(&payload, &dims)
     }
 
-    /// The all-reduce's sum (f32 `[P·c]`) → each operand's part, in its
-    /// shape, type and layout.
+    /// The all-reduce's sum (f32 blocks of the padded payload, `[P·c/B,
+    /// B]`) → each operand's part, in its shape, type and layout.
     pub(super) fn unpack_sum(&mut self, whole: &Value) -> Vec<Value> {
         let padded = self.plan().padded() as i64;
         let mut offset = 0i64;
@@ -207,7 +231,7 @@ impl Emitter<'_, '_, '_> {
             let part = if n == padded {
                 whole.clone()
             } else {
-                self.b.slice(whole, &[offset], &[offset + n])
+                self.elements(whole, offset, n)
             };
             offset += n;
             out.push(self.as_result(&part, result));
@@ -215,24 +239,39 @@ impl Emitter<'_, '_, '_> {
         out
     }
 
-    /// A reduce-scatter's owned sum (f32 `[c]`, unquantized; rotated back
-    /// when the plan rotates) → the result.
+    /// Elements `offset..offset + n` of `x`, in order: whole blocks of
+    /// `x`'s `[nb, B]` when they are, else a slice of its flat elements.
+    fn elements(&mut self, x: &Value, offset: i64, n: i64) -> Value {
+        let bl = self.plan().block() as i64;
+        if offset % bl == 0 && n % bl == 0 {
+            let blocks = self.blocks(x);
+            self.b
+                .slice(&blocks, &[offset / bl, 0], &[(offset + n) / bl, bl])
+        } else {
+            let count = shape::element_count(&x.shape).unwrap_or(0) as i64;
+            let flat = self.b.reshape(x, &[count]);
+            self.b.slice(&flat, &[offset], &[offset + n])
+        }
+    }
+
+    /// A reduce-scatter's owned sum (f32 `[c/B, B]`, unquantized; rotated
+    /// back when the plan rotates) → the result.
     pub(super) fn unpack_owned(&mut self, owned: &Value) -> Vec<Value> {
         let plan = self.plan();
         let (c, m) = (plan.chunk as i64, plan.row.unwrap_or(plan.chunk) as i64);
-        let mut sum = self.b.reshape(owned, &[c]);
+        let mut sum = owned.clone();
         if plan.config.rotation == Rotation::Hadamard {
             sum = self.rotate(&sum, false);
         }
         if c > m {
-            sum = self.b.slice(&sum, &[0], &[m]);
+            sum = self.elements(&sum, 0, m);
         }
         let result = &self.inputs.results[0];
         vec![self.as_result(&sum, result)]
     }
 
-    /// An all-gather's or all-to-all's rows (f32 `[P·c]`, row k from rank
-    /// k) → the result: rows laid side by side along d (an array form),
+    /// An all-gather's or all-to-all's rows (f32 blocks of `[P·c]`, row k
+    /// from rank k) → the result: rows laid side by side along d (an array form),
     /// or one row per tuple element.
     pub(super) fn unpack_rows(&mut self, values: &Value) -> Vec<Value> {
         let plan = self.plan();

@@ -10,9 +10,18 @@
 //! counter in one case and a constant in the other.
 //!
 //! The quantize and dequantize steps implement the contract in
-//! [`crate::numerics`] op for op. A message holds, per block, its B codes
-//! followed by its scale's bytes (`[blocks, B + scale_bytes]` s8), so codes
-//! and scales are cut apart by two slices, with no reshaping.
+//! [`crate::numerics`] op for op. A [`Message`] is two arrays that travel
+//! side by side, each by a collective of its own: the codes (s8, a block
+//! to a row) and the scales (one per block, their bits as u16 or u32). Nothing
+//! packs a scale's bytes among the codes, so no step of either side spends
+//! a kernel cutting a message apart.
+//!
+//! Every array the steps read and write keeps the blocks as its minor
+//! dimension (`[.., blocks, B]`; a chunk is a run of whole blocks): a
+//! backend that tiles layouts (XLA:TPU) then moves no element between
+//! tiles from one step to the next. Flat views of the payload, or views
+//! whose minor dimension is a chunk, made XLA:TPU relayout between steps
+//! and compile one 8 MiB psum 10–20× slower (BENCHMARKS.md).
 //!
 //! One file per part of the algorithm, each read top to bottom:
 //!
@@ -51,10 +60,9 @@ pub struct EmitInputs<'a> {
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// Scalar s32 `maximum` and `or` computations: the blocks' absmax, on
-    /// the bits of |x|, and a scale's bytes put back together.
+    /// The scalar s32 `maximum` computation: the blocks' absmax, on the
+    /// bits of |x|.
     pub max_s32: CompId,
-    pub or_s32: CompId,
     /// Emit `collective-permute-start`/`-done` pairs (for an async pair).
     pub async_permutes: bool,
     /// Where in XLA's pipeline the module is: past its fusion, XLA will not
@@ -87,7 +95,7 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
 
     // 1. The payload: every operand flattened (or cut into its P rows),
     //    zero-padded to P·c (each row to c), every block rotated when the
-    //    plan rotates, seen as [axis sizes.., c] (outer axes first: rank
+    //    plan rotates, seen as [axis sizes.., c/B, B] (outer axes first: rank
     //    r = Σ coordinate·stride).
     let mut axes: Vec<Axis> = plan.phases.iter().filter_map(Phase::axis).collect();
     axes.sort_by_key(|a| std::cmp::Reverse(a.stride));
@@ -131,6 +139,32 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     }
 }
 
+/// Quantized blocks as they travel: two arrays, each sent by a collective
+/// of its own, in the same step.
+#[derive(Clone)]
+struct Message {
+    /// s8 `[nb, code bytes]` (code bytes: B, or B/2 for int4; fp8 codes
+    /// bit-cast to s8).
+    codes: Value,
+    /// `[nb]`: the scales' bits, u16 for bf16 scales, u32 for f32 ones.
+    scales: Value,
+}
+
+impl Message {
+    /// The two arrays, codes first.
+    fn arrays(&self) -> [&Value; 2] {
+        [&self.codes, &self.scales]
+    }
+
+    /// A message of the arrays `f` makes of each of these.
+    fn map(&self, mut f: impl FnMut(&Value) -> Value) -> Message {
+        Message {
+            codes: f(&self.codes),
+            scales: f(&self.scales),
+        }
+    }
+}
+
 /// A scalar constant, by type and bits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Const {
@@ -161,8 +195,6 @@ struct Emitter<'b, 'm, 'i> {
     /// axis (stride, size): everything a coordinate is computed from (the
     /// group size is the plan's, one per emitter).
     coordinates: HashMap<(InstrId, usize, usize), Value>,
-    /// [`Self::byte_shifts`], by block count.
-    shifts: HashMap<i64, Value>,
     /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
     hadamard: Option<Value>,
     /// Values whose buffers belong to the operands (a payload that is only
@@ -184,7 +216,6 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             splats: HashMap::default(),
             indices: HashMap::default(),
             coordinates: HashMap::default(),
-            shifts: HashMap::default(),
             hadamard: None,
             borrowed: Vec::new(),
         }

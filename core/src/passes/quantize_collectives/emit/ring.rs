@@ -8,24 +8,24 @@ use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Form, Lane};
 
 impl Emitter<'_, '_, '_> {
-    /// One hop on `dir`: every rank sends `message` to the rank one step
+    /// One hop on `dir`: every rank sends `array` to the rank one step
     /// along `axis`.
-    pub(super) fn permute(&mut self, message: &Value, axis: Axis, dir: i64) -> Value {
+    pub(super) fn permute(&mut self, array: &Value, axis: Axis, dir: i64) -> Value {
         let pairs = self.inputs.participants.axis_pairs(axis, dir);
         let channel = match self.inputs.participants.space {
             IdSpace::Partition => Some(self.b.fresh_channel_id()),
             IdSpace::Replica => None,
         };
         if self.inputs.async_permutes {
-            let start = self.b.collective_permute_start(message, &pairs, channel);
+            let start = self.b.collective_permute_start(array, &pairs, channel);
             self.b.collective_permute_done(&start)
         } else {
-            self.b.collective_permute(message, &pairs, channel)
+            self.b.collective_permute(array, &pairs, channel)
         }
     }
 
     /// This device's f32 part of `lane` of the slice with index `index` on
-    /// the held axis `at`: `[rows·blocks, B]`.
+    /// the held axis `at` (`held`: `[axes.., c/B, B]`): `[rows·blocks, B]`.
     pub(super) fn own_part(
         &mut self,
         held: &Value,
@@ -33,20 +33,19 @@ impl Emitter<'_, '_, '_> {
         index: &Value,
         lane: &Lane,
     ) -> Value {
+        let bl = self.plan().block() as i64;
         let dims = held.dims().to_vec();
-        let last = dims.len() - 1;
+        let blocks_dim = dims.len() - 2;
         let zero = self.s32c(0);
-        let offset = self.s32c(lane.offset as i64);
+        let offset = self.s32c(lane.offset as i64 / bl);
         let mut starts = vec![zero; dims.len()];
         starts[at] = index.clone();
-        starts[last] = offset;
+        starts[blocks_dim] = offset;
         let mut sizes = dims.clone();
         sizes[at] = 1;
-        sizes[last] = lane.len as i64;
+        sizes[blocks_dim] = lane.len as i64 / bl;
         let part = self.b.dynamic_slice(held, &starts, &sizes);
-        let rows: i64 = sizes[..last].iter().product();
-        let bl = self.plan().block() as i64;
-        let part = self.b.reshape(&part, &[rows * lane.len as i64 / bl, bl]);
+        let part = self.blocks(&part);
         self.f32(&part)
     }
 
@@ -68,7 +67,7 @@ impl Emitter<'_, '_, '_> {
             .zip(partials)
             .map(|(lane, part)| {
                 let message = self.quantize(part);
-                let received = self.permute(&message, axis, lane.dir);
+                let received = message.map(|array| self.permute(array, axis, lane.dir));
                 let summed = self.dequantize(&received);
                 let index = self.index(a, q, lane.dir, step, 2);
                 let own = self.own_part(held, at, &index, lane);
@@ -81,7 +80,7 @@ impl Emitter<'_, '_, '_> {
     /// with coordinate a sends its partial sum of slice (a − dir·(s+1))
     /// mod Q to a + dir, which adds its own part of that slice. After Q−1
     /// steps the device holds slice a, summed over the axis. Returns what
-    /// the device now holds, f32 `[other axes.., c]`.
+    /// the device now holds, f32 `[other axes.., c/B, B]`.
     pub(super) fn ring(&mut self, held: &Value, rank: &Value, axes: &[Axis], axis: Axis) -> Value {
         let plan = self.plan();
         let Some(at) = axes.iter().position(|x| *x == axis) else {
@@ -123,10 +122,10 @@ impl Emitter<'_, '_, '_> {
                 partials = out[..lanes].to_vec();
             }
         }
-        // The lanes' partials side by side again: [rows, c]. With one row
-        // the lanes' blocks simply follow each other.
-        let rows: i64 = held.dims().iter().rev().skip(1).product::<i64>() / q;
+        // The lanes' partials side by side again: [rows, c/B, B]. With one
+        // row the lanes' blocks simply follow each other.
         let bl = plan.block() as i64;
+        let rows: i64 = held.dims().iter().rev().skip(2).product::<i64>() / q;
         let pieces: Vec<Value> = if rows == 1 {
             partials.clone()
         } else {
