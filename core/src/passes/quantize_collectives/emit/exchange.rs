@@ -71,6 +71,10 @@ impl Emitter<'_, '_, '_> {
         let mut dims = array.dims().to_vec();
         dims[0] /= p;
         dims.insert(0, p);
+        // Rank 3 at least: XLA:TPU runs no array all-to-all of rank 2.
+        if dims.len() == 2 {
+            dims.push(1);
+        }
         // Split along the major dimension: the array form every backend
         // runs without decomposing it first (the pre-scheduler hook comes
         // after XLA's all-to-all decomposer); the codes keep their blocks'
