@@ -79,7 +79,7 @@ fn rewrites_of_every_fixture_keep_the_contract() {
             .filter(|r| r.rewritten)
             .map(|r| r.op.name.as_str())
             .collect();
-        // The scalar reducers the ring calls (equarx_max_s32, equarx_add_f32).
+        // The scalar reducers the ring calls (equarx_max_s32, equarx_or_s32, equarx_add_f32).
         let reducer_instrs: HashSet<i64> = first
             .module
             .computations
@@ -537,7 +537,7 @@ fn a_rewrite_stays_under_200_instructions_for_any_group_size() {
                         .computations
                         .iter()
                         .filter(|c| {
-                            ["equarx_max_s32", "equarx_add_f32"]
+                            ["equarx_max_s32", "equarx_or_s32", "equarx_add_f32"]
                                 .iter()
                                 .any(|n| c.name.starts_with(n))
                         })

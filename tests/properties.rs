@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::random_modules::{Case, Mode, Ty, case};
 use common::{Rng, read_values, run_xla, scratch};
 use equarx::ir::shape;
-use equarx::plan::{MESSAGE_ARRAYS, Phase, ring_wire_bytes};
+use equarx::plan::{Phase, ring_wire_bytes};
 use equarx::proto::{HloInstructionProto, HloModuleProto};
 use equarx::{FuseMode, GatherForm, OpReport};
 use proptest::prelude::*;
@@ -145,8 +145,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let summary = ar.plan.as_ref().expect("a plan summary");
     prop_assert_eq!(summary.lanes, plan.lanes.len());
     prop_assert_eq!(summary.collective_steps, plan.collective_steps());
-    // Collective ops written: a loop's body once, unrolled every step; a
-    // message's arrays each by one.
+    // Collective ops written: a loop's body once, unrolled every step.
     let unrolled = c.options.unroll;
     let written: u64 = plan
         .phases
@@ -164,7 +163,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             },
         })
         .sum();
-    prop_assert_eq!(summary.collectives as u64, written * MESSAGE_ARRAYS);
+    prop_assert_eq!(summary.collectives as u64, written);
     let trips = trip_counts(&r.module);
     let mut counted = 0u64;
     let groups = c.participant_groups().expect("expressible");

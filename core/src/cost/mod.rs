@@ -268,11 +268,6 @@ pub fn baseline_collective_us(
 /// against XLA's in the operand's own type.
 pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -> Prediction {
     let p = plan.group_size as f64;
-    // A step sends a message as its arrays, codes and scales, each by a
-    // collective of its own (`plan::MESSAGE_ARRAYS`). The scales' collective
-    // is independent of the codes' and the scheduler runs the two side by
-    // side, so the model charges its bytes (in the phase's wire bytes) and
-    // no latency of its own: an assumption, not yet measured on a device.
     let alpha = t.step_latency_us;
     let alpha_k = t.kernel_latency_us;
     let ring_bw = t.ring_gbps(plan.config.bidirectional) * BYTES_PER_US_PER_GBPS;

@@ -52,10 +52,6 @@ use std::fmt;
 /// millions of collectives (or, unrolled, millions of instructions).
 pub const MAX_RING_HOPS: u64 = 1 << 14;
 
-/// The arrays a quantized message travels as, each by a collective of its
-/// own in the same step: the codes and the scales.
-pub const MESSAGE_ARRAYS: u64 = 2;
-
 crate::choice_enum! {
     /// How the scales travel: f32 (kept to 17 significant bits), or bf16.
     /// The codes are computed against the scale that travels.
@@ -545,8 +541,7 @@ impl Plan {
         self.chunk * self.group_size
     }
 
-    /// Bytes of one message carrying `len` elements (its codes and its
-    /// scales, [`MESSAGE_ARRAYS`] arrays).
+    /// Bytes of one message carrying `len` elements (codes, then scales).
     pub fn message_len(&self, len: usize) -> usize {
         len * self.config.format.bits() / 8 + len / self.block() * self.scale_type().bytes()
     }

@@ -11,10 +11,10 @@
 //!     to_apply=add                r  = s32[] rank(partition-id())          table lookup
 //! use(y)                          p0 = own part of chunk (r-1) mod P
 //!                                 w  = while s < P-1:                      (reduce-scatter)
-//!                                 │ m  = quantize(p)                        s8[nb,B] codes, u16[nb] scale bits
-//!                                 │ m' = collective-permute(m), r → r+1     one per array
+//!                                 │ m  = s8[nb, B+2] quantize(p)            codes | scale bytes, a row a block
+//!                                 │ m' = collective-permute(m), r → r+1
 //!                                 │ p  = dequantize(m') + own part of chunk (r-s-2) mod P
-//!                                 g  = all-gather(quantize(p))            codes and scales
+//!                                 g  = s8[P·nb, B+2] all-gather(quantize(p))
 //!                                 v  = f32[P·c] dequantize(g)              every rank, owner too
 //!                                 y' = bf16[S] convert(reshape(slice(v)))
 //!                                 use(y')

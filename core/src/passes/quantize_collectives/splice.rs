@@ -18,6 +18,8 @@ use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 pub struct Reducers {
     /// The maximum of s32 values: the blocks' absmax, on the bits of |x|.
     pub max_s32: CompId,
+    /// The or of s32 values: a scale's bytes put back together.
+    pub or_s32: CompId,
 }
 
 impl Reducers {
@@ -29,6 +31,7 @@ impl Reducers {
                 Opcode::Maximum,
                 PrimitiveType::S32,
             ),
+            or_s32: module.add_scalar_reducer("equarx_or_s32", Opcode::Or, PrimitiveType::S32),
         }
     }
 }
@@ -119,6 +122,7 @@ pub fn splice(
             operands: &packed,
             results: &results,
             max_s32: reducers.max_s32,
+            or_s32: reducers.or_s32,
             async_permutes: c.done.is_some(),
             stage,
             before_xla,

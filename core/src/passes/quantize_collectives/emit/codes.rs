@@ -6,7 +6,9 @@
 use super::{Const, Emitter, Message, float_type};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
+use crate::ir::shape;
 use crate::numerics::{absmax_floor, hadamard_norm, inv_qmax, scale_mantissa_bits};
+use crate::passes::Stage;
 use crate::plan::ScaleType;
 use crate::proto::PrimitiveType;
 use crate::proto::precision_config::Precision;
@@ -75,31 +77,87 @@ impl Emitter<'_, '_, '_> {
                 self.b.bitcast_convert(&codes, PrimitiveType::S8)
             }
         };
-        // The scales travel as their bits, an unsigned integer of the
-        // scale type's width: the wire carries no float, which equarx run
-        // once more (or any pass that quantizes float collectives) would
-        // take for a payload of its own.
-        let scales = match self.plan().scale_type() {
-            ScaleType::F32 => self.b.bitcast_convert(&scale, PrimitiveType::U32),
-            // Exact: the scale holds a bf16 value already.
-            ScaleType::Bf16 => {
-                let narrow = self.b.convert(&scale, PrimitiveType::Bf16);
-                self.b.bitcast_convert(&narrow, PrimitiveType::U16)
+        Message {
+            codes,
+            scales: scale,
+        }
+    }
+
+    /// A message as the one s8 array that travels, `[nb, code bytes +
+    /// scale bytes]`: a block's codes, then its scale's bits, little-endian,
+    /// in its own row. One collective per step carries it (a collective
+    /// per array made 1.4× the thunks of XLA:CPU's entry computation, which
+    /// it schedules pairwise). Only same-width
+    /// bitcasts, shifts and truncating converts: backends compile no
+    /// width-changing bitcast-convert this late.
+    pub(super) fn wire(&mut self, message: &Message) -> Value {
+        let nb = self.dim(&message.codes, 0);
+        let width = self.plan().scale_type().bytes() as i64;
+        let bits = self.b.bitcast_convert(&message.scales, PrimitiveType::S32);
+        let spread = self.b.broadcast(&bits, &[nb, width], &[0]);
+        let shifts = self.byte_shifts(nb, width);
+        let shifted = self.b.binary(Opcode::ShiftRightLogical, &spread, &shifts);
+        let bytes = self.b.convert(&shifted, PrimitiveType::S8);
+        self.b.concatenate(&[message.codes.clone(), bytes], 1)
+    }
+
+    /// What a collective carries of a message's array (`[n, bytes]`): the
+    /// array itself, or, past XLA's fusion ([`Stage::Fused`], XLA:CPU's
+    /// hook), its flat bytes. XLA:CPU's code generator spends many times
+    /// longer on a fused kernel whose minor dimension is a message's row
+    /// (B + 2 bytes) than on one over flat bytes (36 two-shot psums: 3.1 s
+    /// of compile against 1.2 s); XLA:TPU, which sees the module before its
+    /// own fusion, wants the rows (flat views cost it relayouts).
+    pub(super) fn on_wire(&mut self, wire: &Value) -> Value {
+        match self.inputs.stage {
+            Stage::Fused => {
+                let n = shape::element_count(&wire.shape).unwrap_or(0) as i64;
+                self.b.reshape(wire, &[n])
             }
-        };
+            Stage::PreFusion | Stage::Tiled => wire.clone(),
+        }
+    }
+
+    /// What arrived of `rows` message rows of `width` bytes (the inverse of
+    /// [`Self::on_wire`]), as `[rows, width]`.
+    pub(super) fn off_wire(&mut self, arrived: &Value, rows: i64, width: i64) -> Value {
+        self.b.reshape(arrived, &[rows, width])
+    }
+
+    /// The inverse of [`Self::wire`]: each scale byte widened, shifted into
+    /// place and or-ed with the others by a reduction over the few of them.
+    pub(super) fn unwire(&mut self, wire: &Value) -> Message {
+        let (nb, all) = (self.dim(wire, 0), self.dim(wire, 1));
+        let width = self.plan().scale_type().bytes() as i64;
+        let codes = self.b.slice(wire, &[0, 0], &[nb, all - width]);
+        let bytes = self.b.slice(wire, &[0, all - width], &[nb, all]);
+        // Bytes as u8, so that widening them fills with zeros.
+        let bytes = self.b.bitcast_convert(&bytes, PrimitiveType::U8);
+        let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
+        let shifts = self.byte_shifts(nb, width);
+        let placed = self.b.binary(Opcode::ShiftLeft, &unsigned, &shifts);
+        let zero = self.s32c(0);
+        let bits = self.b.reduce(&placed, &zero, &[1], self.inputs.or_s32);
+        let scales = self.b.bitcast_convert(&bits, PrimitiveType::F32);
         Message { codes, scales }
     }
 
-    /// A message's scales (their bits, see [`Self::quantize`]) as f32
-    /// `[nb]`.
-    fn scale_values(&mut self, message: &Message) -> Value {
-        match self.plan().scale_type() {
-            ScaleType::F32 => self.b.bitcast_convert(&message.scales, PrimitiveType::F32),
-            ScaleType::Bf16 => {
-                let narrow = self.b.bitcast_convert(&message.scales, PrimitiveType::Bf16);
-                self.b.convert(&narrow, PrimitiveType::F32)
-            }
+    /// The right shifts that bring each wire byte of a scale's f32 bits to
+    /// the bottom, `[nb, width]` s32: 0, 8, 16, 24 for f32 scales; 16, 24
+    /// for bf16 ones (the high half of their f32 bits).
+    fn byte_shifts(&mut self, nb: i64, width: i64) -> Value {
+        if let Some(v) = self.shifts.get(&(nb, width)) {
+            return v.clone();
         }
+        let first = match self.plan().scale_type() {
+            ScaleType::F32 => 0,
+            ScaleType::Bf16 => 16,
+        };
+        let amounts: Vec<i32> = (0..width).map(|k| (first + 8 * k) as i32).collect();
+        let vector = self.b.s32_array(&amounts);
+        let v = self.b.broadcast(&vector, &[nb, width], &[1]);
+        self.shifts.insert((nb, width), v.clone());
+        v
     }
 
     /// s8 `[nb, B]` codes in [-7, 7] → s8 `[nb, B/2]`, two to a byte: code
@@ -152,7 +210,7 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn dequantize(&mut self, message: &Message) -> Value {
         let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
         let codes = self.code_values(&message.codes);
-        let scale = self.scale_values(message);
+        let scale = message.scales.clone();
         let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
         self.b.multiply(&codes, &scale)
     }
@@ -162,7 +220,7 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn dequantize_rotated(&mut self, message: &Message) -> Value {
         let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
         let codes = self.code_values(&message.codes);
-        let scale = self.scale_values(message);
+        let scale = message.scales.clone();
         let h = self.hadamard();
         let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
         // The norm scales the scale, or is in the matrix already.

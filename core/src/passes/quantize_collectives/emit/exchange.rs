@@ -26,16 +26,17 @@ impl Emitter<'_, '_, '_> {
         let (p, bl) = (plan.group_size as i64, plan.block() as i64);
         let nb = plan.chunk as i64 / bl;
         let received = self.send_rows(held);
-        let values = self.dequantize(&received);
-        let mut rows = self.b.reshape(&values, &[p, nb, bl]);
+        // Rank k's part is rows k·nb.. of the blocks: the halves are runs
+        // of whole rows, and every array stays two-dimensional.
+        let mut rows = self.dequantize(&received);
         let mut n = p;
         while n > 1 {
             let h = n / 2;
-            let left = self.b.slice(&rows, &[0, 0, 0], &[h, nb, bl]);
-            let right = self.b.slice(&rows, &[h, 0, 0], &[2 * h, nb, bl]);
+            let left = self.b.slice(&rows, &[0, 0], &[h * nb, bl]);
+            let right = self.b.slice(&rows, &[h * nb, 0], &[2 * h * nb, bl]);
             let mut sum = self.b.binary(Opcode::Add, &left, &right);
             if n % 2 == 1 {
-                let carry = self.b.slice(&rows, &[2 * h, 0, 0], &[n, nb, bl]);
+                let carry = self.b.slice(&rows, &[2 * h * nb, 0], &[n * nb, bl]);
                 sum = self.b.concatenate(&[sum, carry], 0);
             }
             rows = sum;
@@ -57,54 +58,51 @@ impl Emitter<'_, '_, '_> {
         let blocks = self.b.reshape(held, &[p * nb, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
-        let code_bytes = self.dim(&message.codes, 1);
-        let received = message.map(|array| self.all_to_all_rows(array, p));
-        Message {
-            codes: self.b.reshape(&received.codes, &[p * nb, code_bytes]),
-            scales: self.b.reshape(&received.scales, &[p * nb]),
-        }
+        let wire = self.wire(&message);
+        let (rows, width) = (self.dim(&wire, 0), self.dim(&wire, 1));
+        let sent = self.on_wire(&wire);
+        let arrived = self.all_to_all_rows(&sent, p);
+        let arrived = self.off_wire(&arrived, rows, width);
+        self.unwire(&arrived)
     }
 
     /// `array`'s P equal parts along its first dimension, part k sent to
-    /// rank k: what arrives, `[P, rows / P, ..]`, part k from rank k.
+    /// rank k: what arrives, in `array`'s shape, part k from rank k.
     fn all_to_all_rows(&mut self, array: &Value, p: i64) -> Value {
-        let mut dims = array.dims().to_vec();
-        dims[0] /= p;
-        dims.insert(0, p);
-        // Rank 3 at least: XLA:TPU runs no array all-to-all of rank 2.
-        if dims.len() == 2 {
-            dims.push(1);
-        }
-        // Split along the major dimension: the array form every backend
-        // runs without decomposing it first (the pre-scheduler hook comes
-        // after XLA's all-to-all decomposer); the codes keep their blocks'
-        // rows and columns.
-        let rows = self.b.reshape(array, &dims);
         let parts = self.inputs.participants;
         let channel = match parts.space {
             IdSpace::Partition => Some(self.b.fresh_channel_id()),
             IdSpace::Replica => None,
         };
         let groups = parts.groups.clone();
+        let dims = array.dims().to_vec();
+        let rows = dims[0] / p;
         if self.inputs.stage == Stage::Fused {
             // XLA:CPU decomposes array all-to-alls into the tuple form early
             // in its pipeline and runs only that form; past that point the
-            // pieces are sent as a tuple.
+            // parts are sent as a tuple, each a run of the array's rows.
             let pieces: Vec<Value> = (0..p)
                 .map(|k| {
                     let mut starts = vec![0; dims.len()];
                     let mut limits = dims.clone();
-                    starts[0] = k;
-                    limits[0] = k + 1;
-                    self.b.slice(&rows, &starts, &limits)
+                    (starts[0], limits[0]) = (k * rows, (k + 1) * rows);
+                    self.b.slice(array, &starts, &limits)
                 })
                 .collect();
             let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
             let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
-            self.b.concatenate(&got, 0)
-        } else {
-            self.b.all_to_all(&rows, 0, &groups, channel)
+            return self.b.concatenate(&got, 0);
         }
+        // Split along the major dimension: the array form every backend
+        // runs without decomposing it first (the pre-scheduler hook comes
+        // after XLA's all-to-all decomposer), rank 3 (XLA:TPU runs no array
+        // all-to-all of rank 2), the blocks' rows kept.
+        let mut split = dims.clone();
+        split[0] = rows;
+        split.insert(0, p);
+        let view = self.b.reshape(array, &split);
+        let got = self.b.all_to_all(&view, 0, &groups, channel);
+        self.b.reshape(&got, &dims)
     }
 
     /// The all-to-all of the rows of `held` (`[P, c/B, B]`), dequantized

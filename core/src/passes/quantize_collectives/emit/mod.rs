@@ -10,18 +10,18 @@
 //! counter in one case and a constant in the other.
 //!
 //! The quantize and dequantize steps implement the contract in
-//! [`crate::numerics`] op for op. A [`Message`] is two arrays that travel
-//! side by side, each by a collective of its own: the codes (s8, a block
-//! to a row) and the scales (one per block, their bits as u16 or u32). Nothing
-//! packs a scale's bytes among the codes, so no step of either side spends
-//! a kernel cutting a message apart.
+//! [`crate::numerics`] op for op. A [`Message`] is the blocks' codes (s8,
+//! a block to a row) and their scales; it travels as one s8 array,
+//! each block's row its codes then its scale's bytes (`[nb, B + 2]` for
+//! bf16 scales), one collective per step; past XLA's fusion the collective
+//! carries the array's flat bytes instead ([`Emitter::on_wire`]).
 //!
-//! Every array the steps read and write keeps the blocks as its minor
-//! dimension (`[.., blocks, B]`; a chunk is a run of whole blocks): a
-//! backend that tiles layouts (XLA:TPU) then moves no element between
-//! tiles from one step to the next. Flat views of the payload, or views
-//! whose minor dimension is a chunk, made XLA:TPU relayout between steps
-//! and compile one 8 MiB psum 10–20× slower (BENCHMARKS.md).
+//! Every array the steps read and write keeps the blocks as its rows
+//! (`[.., blocks, B]`; a chunk is a run of whole blocks): a backend that
+//! tiles layouts (XLA:TPU) then moves no element between tiles from one
+//! step to the next. Flat views of the payload, or views whose minor
+//! dimension is a chunk, made XLA:TPU relayout between steps and compile
+//! one 8 MiB psum 10–20× slower (BENCHMARKS.md).
 //!
 //! One file per part of the algorithm, each read top to bottom:
 //!
@@ -60,9 +60,10 @@ pub struct EmitInputs<'a> {
     pub operands: &'a [Value],
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
-    /// The scalar s32 `maximum` computation: the blocks' absmax, on the
-    /// bits of |x|.
+    /// Scalar s32 `maximum` and `or` computations: the blocks' absmax, on
+    /// the bits of |x|, and a scale's bytes put back together.
     pub max_s32: CompId,
+    pub or_s32: CompId,
     /// Emit `collective-permute-start`/`-done` pairs (for an async pair).
     pub async_permutes: bool,
     /// Where in XLA's pipeline the module is: past its fusion, XLA will not
@@ -139,30 +140,15 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     }
 }
 
-/// Quantized blocks as they travel: two arrays, each sent by a collective
-/// of its own, in the same step.
+/// Quantized blocks: their codes and their scales (they travel as one
+/// array, [`Emitter::wire`]).
 #[derive(Clone)]
 struct Message {
     /// s8 `[nb, code bytes]` (code bytes: B, or B/2 for int4; fp8 codes
     /// bit-cast to s8).
     codes: Value,
-    /// `[nb]`: the scales' bits, u16 for bf16 scales, u32 for f32 ones.
+    /// f32 `[nb]`: the scales (bf16 values for bf16 scales).
     scales: Value,
-}
-
-impl Message {
-    /// The two arrays, codes first.
-    fn arrays(&self) -> [&Value; 2] {
-        [&self.codes, &self.scales]
-    }
-
-    /// A message of the arrays `f` makes of each of these.
-    fn map(&self, mut f: impl FnMut(&Value) -> Value) -> Message {
-        Message {
-            codes: f(&self.codes),
-            scales: f(&self.scales),
-        }
-    }
 }
 
 /// A scalar constant, by type and bits.
@@ -195,6 +181,8 @@ struct Emitter<'b, 'm, 'i> {
     /// axis (stride, size): everything a coordinate is computed from (the
     /// group size is the plan's, one per emitter).
     coordinates: HashMap<(InstrId, usize, usize), Value>,
+    /// [`Self::byte_shifts`], by (rows, bytes).
+    shifts: HashMap<(i64, i64), Value>,
     /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
     hadamard: Option<Value>,
     /// Values whose buffers belong to the operands (a payload that is only
@@ -216,6 +204,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             splats: HashMap::default(),
             indices: HashMap::default(),
             coordinates: HashMap::default(),
+            shifts: HashMap::default(),
             hadamard: None,
             borrowed: Vec::new(),
         }

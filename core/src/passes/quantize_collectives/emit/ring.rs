@@ -67,7 +67,12 @@ impl Emitter<'_, '_, '_> {
             .zip(partials)
             .map(|(lane, part)| {
                 let message = self.quantize(part);
-                let received = message.map(|array| self.permute(array, axis, lane.dir));
+                let wire = self.wire(&message);
+                let (rows, width) = (self.dim(&wire, 0), self.dim(&wire, 1));
+                let sent = self.on_wire(&wire);
+                let arrived = self.permute(&sent, axis, lane.dir);
+                let arrived = self.off_wire(&arrived, rows, width);
+                let received = self.unwire(&arrived);
                 let summed = self.dequantize(&received);
                 let index = self.index(a, q, lane.dir, step, 2);
                 let own = self.own_part(held, at, &index, lane);
