@@ -55,27 +55,31 @@ impl Emitter<'_, '_, '_> {
             [first, ..] => vec![(first, 0, nb)],
             [] => vec![(1, 0, nb)],
         };
-        // A stream per direction: its direction and its part's blocks; in
-        // the state, the part travelling and the rows so far (`[P, blocks,
-        // bytes]`), stream after stream.
+        // A stream per direction: its direction and the shape of its part
+        // as it travels ([`Self::on_wire`]: rows of blocks, or flat bytes);
+        // in the state, the part travelling and the rows so far (`[P,
+        // part..]`), stream after stream.
         let mut streams = Vec::new();
         let mut state = Vec::new();
         for &(dir, lo, hi) in &halves {
             let part = self.b.slice(wire, &[lo, 0], &[hi, width]);
-            let row = self.b.reshape(&part, &[1, hi - lo, width]);
+            let part = self.on_wire(&part);
+            let mut dims = part.dims().to_vec();
+            dims.insert(0, 1);
+            let row = self.b.reshape(&part, &dims);
             let zero = self.b.zero(PrimitiveType::S8);
-            let empty = self.b.broadcast(&zero, &[p, hi - lo, width], &[]);
-            let col = self.s32c(0);
-            let rows = self
-                .b
-                .dynamic_update_slice(&empty, &row, &[rank.clone(), col.clone(), col]);
-            streams.push((dir, hi - lo));
+            dims[0] = p;
+            let empty = self.b.broadcast(&zero, &dims, &[]);
+            let mut at = vec![self.s32c(0); dims.len()];
+            at[0] = rank.clone();
+            let rows = self.b.dynamic_update_slice(&empty, &row, &at);
+            streams.push((dir, part.dims().to_vec()));
             state.extend([part, rows]);
         }
         let out = match plan.config.form {
             Form::Unrolled => {
                 for s in 0..p - 1 {
-                    state = self.relay_step(&streams, width, &Step::At(s), &state, rank);
+                    state = self.relay_step(&streams, &Step::At(s), &state, rank);
                 }
                 state
             }
@@ -83,8 +87,7 @@ impl Emitter<'_, '_, '_> {
                 let n = state.len();
                 state.push(rank.clone());
                 let mut out = self.repeat("relay", p - 1, &state, |e, s, state| {
-                    let mut next =
-                        e.relay_step(&streams, width, &Step::Next(s), &state[..n], &state[n]);
+                    let mut next = e.relay_step(&streams, &Step::Next(s), &state[..n], &state[n]);
                     next.push(state[n].clone());
                     next
                 });
@@ -92,8 +95,8 @@ impl Emitter<'_, '_, '_> {
                 out
             }
         };
-        // The directions' rows side by side, `[P, nb, bytes]`, then rank
-        // after rank.
+        // The directions' rows side by side (each rank's blocks in order),
+        // then rank after rank.
         let rows: Vec<Value> = out.iter().skip(1).step_by(2).cloned().collect();
         let all = if rows.len() == 1 {
             rows[0].clone()
@@ -103,13 +106,12 @@ impl Emitter<'_, '_, '_> {
         self.b.reshape(&all, &[p * nb, width])
     }
 
-    /// One relay of every stream (direction): pass the travelling part on, and file
+    /// One relay of every direction: pass the travelling part on, and file
     /// the one that arrives in its row. The part that arrives at relay
     /// h = s+1 comes from rank (r − dir·h) mod P.
     fn relay_step(
         &mut self,
-        streams: &[(i64, i64)],
-        width: i64,
+        streams: &[(i64, Vec<i64>)],
         s: &Step,
         state: &[Value],
         rank: &Value,
@@ -120,21 +122,22 @@ impl Emitter<'_, '_, '_> {
             stride: 1,
         };
         let mut next = Vec::new();
-        for (k, &(dir, blocks)) in streams.iter().enumerate() {
+        for (k, (dir, part)) in streams.iter().enumerate() {
             // The received part goes into the state in place of the one
             // sent: a copy, so the collective never writes the buffer it
             // reads.
-            let travelling = self.permute(&state[2 * k], whole, dir);
+            let travelling = self.permute(&state[2 * k], whole, *dir);
             let travelling = match s {
                 Step::Next(_) => self.copy_unless_before_xla(&travelling),
                 Step::At(_) => travelling,
             };
-            let from = self.index(rank, p, dir, s, 1);
-            let row = self.b.reshape(&travelling, &[1, blocks, width]);
-            let col = self.s32c(0);
-            let rows =
-                self.b
-                    .dynamic_update_slice(&state[2 * k + 1], &row, &[from, col.clone(), col]);
+            let from = self.index(rank, p, *dir, s, 1);
+            let mut dims = part.clone();
+            dims.insert(0, 1);
+            let row = self.b.reshape(&travelling, &dims);
+            let mut at = vec![self.s32c(0); dims.len()];
+            at[0] = from;
+            let rows = self.b.dynamic_update_slice(&state[2 * k + 1], &row, &at);
             next.extend([travelling, rows]);
         }
         next
