@@ -101,7 +101,7 @@ impl Emitter<'_, '_, '_> {
         self.b.concatenate(&[message.codes.clone(), bytes], 1)
     }
 
-    /// What a collective carries of a message's array (`[n, bytes]`): the
+    /// What a collective carries of a message's wire form (`[n, bytes]`): the
     /// array itself, or, past XLA's fusion ([`Stage::Fused`], XLA:CPU's
     /// hook), its flat bytes. XLA:CPU's code generator spends many times
     /// longer on a fused kernel whose minor dimension is a message's row
@@ -118,10 +118,19 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// What arrived of `rows` message rows of `width` bytes (the inverse of
-    /// [`Self::on_wire`]), as `[rows, width]`.
-    pub(super) fn off_wire(&mut self, arrived: &Value, rows: i64, width: i64) -> Value {
-        self.b.reshape(arrived, &[rows, width])
+    /// `wire` (`[rows, bytes]`) through the one collective `send`, which
+    /// carries what [`Self::on_wire`] makes of it and brings `ranks` times
+    /// as many bytes back: what arrived, `[ranks·rows, bytes]`.
+    pub(super) fn carry(
+        &mut self,
+        wire: &Value,
+        ranks: i64,
+        send: impl FnOnce(&mut Self, &Value) -> Value,
+    ) -> Value {
+        let (rows, width) = (self.dim(wire, 0), self.dim(wire, 1));
+        let sent = self.on_wire(wire);
+        let arrived = send(self, &sent);
+        self.b.reshape(&arrived, &[ranks * rows, width])
     }
 
     /// The inverse of [`Self::wire`]: each scale byte widened, shifted into
@@ -210,8 +219,7 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn dequantize(&mut self, message: &Message) -> Value {
         let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
         let codes = self.code_values(&message.codes);
-        let scale = message.scales.clone();
-        let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        let scale = self.b.broadcast(&message.scales, &[nb, bl], &[0]);
         self.b.multiply(&codes, &scale)
     }
 

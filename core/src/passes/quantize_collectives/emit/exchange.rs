@@ -59,10 +59,7 @@ impl Emitter<'_, '_, '_> {
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
         let wire = self.wire(&message);
-        let (rows, width) = (self.dim(&wire, 0), self.dim(&wire, 1));
-        let sent = self.on_wire(&wire);
-        let arrived = self.all_to_all_rows(&sent, p);
-        let arrived = self.off_wire(&arrived, rows, width);
+        let arrived = self.carry(&wire, 1, |e, sent| e.all_to_all_rows(sent, p));
         self.unwire(&arrived)
     }
 

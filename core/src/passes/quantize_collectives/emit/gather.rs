@@ -20,7 +20,6 @@ impl Emitter<'_, '_, '_> {
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
         let wire = self.wire(&message);
-        let (rows, width) = (self.dim(&wire, 0), self.dim(&wire, 1));
         let all = match plan.config.gather {
             // Gathered along its blocks: `[P·nb, ..]` in rank order.
             GatherForm::AllGather => {
@@ -30,9 +29,9 @@ impl Emitter<'_, '_, '_> {
                     IdSpace::Partition => (Some(self.b.fresh_channel_id()), true),
                     IdSpace::Replica => (None, false),
                 };
-                let sent = self.on_wire(&wire);
-                let all = self.b.all_gather(&sent, 0, &groups, channel, global);
-                self.off_wire(&all, p * rows, width)
+                self.carry(&wire, p, |e, sent| {
+                    e.b.all_gather(sent, 0, &groups, channel, global)
+                })
             }
             GatherForm::Permute => self.relay(&wire, rank),
         };

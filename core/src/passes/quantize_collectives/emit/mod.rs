@@ -142,7 +142,6 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
 
 /// Quantized blocks: their codes and their scales (they travel as one
 /// array, [`Emitter::wire`]).
-#[derive(Clone)]
 struct Message {
     /// s8 `[nb, code bytes]` (code bytes: B, or B/2 for int4; fp8 codes
     /// bit-cast to s8).

@@ -68,10 +68,7 @@ impl Emitter<'_, '_, '_> {
             .map(|(lane, part)| {
                 let message = self.quantize(part);
                 let wire = self.wire(&message);
-                let (rows, width) = (self.dim(&wire, 0), self.dim(&wire, 1));
-                let sent = self.on_wire(&wire);
-                let arrived = self.permute(&sent, axis, lane.dir);
-                let arrived = self.off_wire(&arrived, rows, width);
+                let arrived = self.carry(&wire, 1, |e, sent| e.permute(sent, axis, lane.dir));
                 let received = self.unwire(&arrived);
                 let summed = self.dequantize(&received);
                 let index = self.index(a, q, lane.dir, step, 2);
