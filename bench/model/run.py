@@ -7,6 +7,7 @@ Run it through bench/model/run (the pinned venv, the built libequarx.so).
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 
@@ -73,7 +74,7 @@ def parse_args(argv):
                     help="equarx options for one row, 'defaults' or NAME=VALUE,... (repeatable)")
     ap.add_argument("--topology", action="append", metavar="TOPO",
                     help="the machine equarx's cost model predicts for (repeatable; default v5e)")
-    ap.add_argument("--json", metavar="FILE", help="write every number (and the checks) here")
+    ap.add_argument("--json", metavar="FILE", help="write every number (and the checks, the commit and the host CPU) here")
     ap.add_argument("--rewrite-cmd", metavar="CMD",
                     help="instead of the JAX door, pipe each compiled module (HloModuleProto "
                          "bytes on stdin, the rewritten module on stdout) through CMD, with "
@@ -149,6 +150,24 @@ def table(res):
     return "\n".join(out)
 
 
+def _host():
+    """The machine's CPU, its vector extensions and core count: XLA:CPU's
+    f32 results (and so a bf16 program's perplexity in its last digits) can
+    differ between CPUs, so a table compares rows of one host only."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = info.get("flags", "").split()
+    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+            "vector": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+            "cores": os.cpu_count()}
+
+
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     setup_jax(a.tp)
@@ -203,6 +222,7 @@ def main(argv=None):
               f"ref ppl {res['ref']['ppl']:.3f} in {list(harness.PPL_BAND)}")
     res["argv"] = sys.argv[1:] if argv is None else argv
     res["git"] = _git_state()
+    res["host"] = _host()
     res["wall_s"] = time.time() - t0
     if isinstance(door, doors.JaxDoor):
         res["library"] = door.library()
