@@ -74,7 +74,8 @@ def parse_args(argv):
                     help="equarx options for one row, 'defaults' or NAME=VALUE,... (repeatable)")
     ap.add_argument("--topology", action="append", metavar="TOPO",
                     help="the machine equarx's cost model predicts for (repeatable; default v5e)")
-    ap.add_argument("--json", metavar="FILE", help="write every number (and the checks, the commit and the host CPU) here")
+    ap.add_argument("--json", metavar="FILE",
+                    help="write every number (and the checks, the commit and the host CPU) here")
     ap.add_argument("--rewrite-cmd", metavar="CMD",
                     help="instead of the JAX door, pipe each compiled module (HloModuleProto "
                          "bytes on stdin, the rewritten module on stdout) through CMD, with "
