@@ -10,13 +10,13 @@
 //!   pre-scheduler hook (`equarx_pjrt_register` on the plugin's own
 //!   `GetPjrtApi()`), the test's options configured. The compile must
 //!   succeed (a process abort is reported as such, with the compiler's last
-//!   words). On XLA:GPU the hook comes before fusion: a case that expects a
-//!   rewrite must be rewritten there and its compiled module must carry s8
-//!   on the wire; a negative twin must stay unrewritten. On XLA:TPU the hook
-//!   comes after tiling assignment, where equarx rewrites nothing yet: every
-//!   op must say so, and the program must compile as if equarx were not
-//!   there. A case the compilers cannot take says so in its header
-//!   (`compilers: ... no: WHY`).
+//!   words). A case that expects a rewrite must be rewritten there and its
+//!   compiled module must carry quantized codes on the wire; a negative twin
+//!   must stay unrewritten. XLA:GPU's hook comes before fusion, XLA:TPU's
+//!   after tiling assignment, where equarx emits no rotation: a case that
+//!   asks for one must be left with the reason that says so (and `auto`
+//!   means unrotated there). A case the compilers cannot take says so in
+//!   its header (`compilers: ... no: WHY`).
 //! - `sample::N@TOPOLOGY`: random modules from the property tests'
 //!   generator (fixed seed; 4 or 8 devices), each at the hook of h100 and
 //!   v5e with its random options: it compiles exactly when the same module
@@ -91,20 +91,27 @@ struct Job {
 enum Want {
     /// Rewritten at the hook, quantized on the wire.
     Rewritten,
-    /// Compiled, nothing rewritten.
-    Unchanged,
+    /// Compiled, and no collective of the case's kinds (`opcodes`, those
+    /// its text holds) rewritten, one of them left with a reason holding
+    /// `reason`. A compiler may make collectives of its own before its
+    /// hook (XLA:TPU decomposes an all-reduce into an all-reduce and an
+    /// all-gather); equarx may take those.
+    Unchanged {
+        reason: String,
+        opcodes: Vec<&'static str>,
+    },
     /// Not a test: the plain compile a [`Want::AsPlain`] job is judged
     /// against.
     Plain,
-    /// Compiled, every op refused with the tiled-stage reason.
-    TiledRefusal,
+    /// Compiled, every op left because it asked for a rotation past
+    /// tiling assignment (XLA:TPU's hook).
+    RotationRefusal,
     /// Rewritten before XLA with this algorithm and rotation.
     Plan(String, String),
     /// A random module: at the hook it compiles exactly when the plain
     /// compile (the named job, equarx disabled) does, and what equarx
-    /// rewrites carries quantized codes on the wire; at a tiled stage
-    /// (`true`: XLA:TPU) every op is left with the tiled-stage reason.
-    AsPlain(String, bool),
+    /// rewrites carries quantized codes on the wire.
+    AsPlain(String),
 }
 
 fn main() {
@@ -161,10 +168,16 @@ fn main() {
                     Some(v) => format!("{name}::{v}@{topology}"),
                     None => format!("{name}@{topology}"),
                 };
+                let rotation = t.options.get("rotation").and_then(Value::as_str);
                 let expect = match (platform(&topology), &t.expect) {
-                    ("tpu", _) => Want::TiledRefusal,
+                    ("tpu", Expect::Plan(_)) if rotation == Some("hadamard") => {
+                        Want::RotationRefusal
+                    }
                     (_, Expect::Plan(_)) => Want::Rewritten,
-                    (_, Expect::Unchanged(_)) => Want::Unchanged,
+                    (_, Expect::Unchanged(reason)) => Want::Unchanged {
+                        reason: reason.clone(),
+                        opcodes: collective_kinds(&text),
+                    },
                 };
                 // At a hook the stage is the compiler's and equarx reads it
                 // from the module; a case's `stage` and `fuse` describe the
@@ -277,7 +290,7 @@ fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
                 json!({"module": path, "replicas": replicas, "partitions": partitions,
                        "door": door, "options": options})
             };
-            let want = Want::AsPlain(plain.clone(), platform(&topology) == "tpu");
+            let want = Want::AsPlain(plain.clone());
             let jobs = batches.entry(topology.clone()).or_default();
             jobs.push(Job {
                 name: plain,
@@ -340,7 +353,7 @@ fn options_json(options: &equarx::RewriteOptions) -> Value {
 /// compile a random module is judged against).
 fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
     let name = &job.name;
-    if let Want::AsPlain(plain, _) = &job.expect {
+    if let Want::AsPlain(plain) = &job.expect {
         let base = answers
             .get(plain)
             .ok_or_else(|| format!("{name}: no answer for {plain}"))?;
@@ -393,29 +406,47 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
             }
         }
         Want::Plain => {}
-        Want::AsPlain(_, tiled) => {
+        Want::AsPlain(_) => {
             if rewritten != 0 && !quantized {
                 return Err(format!(
                     "{name}: equarx rewrote an op but the wire carries no quantized codes; {}",
                     summary()
                 ));
             }
-            if *tiled && !report.iter().all(tiled_refusal) {
+        }
+        Want::Unchanged { reason, opcodes } => {
+            let own = |r: &&Value| {
+                r["opcode"]
+                    .as_str()
+                    .is_some_and(|o| opcodes.contains(&o.trim_end_matches("-start")))
+            };
+            // The compiler may also have turned the op into another kind
+            // (XLA:TPU: a reduce-scatter into an all-reduce and a slice) or
+            // removed it (a group of one): the reason is then another op's,
+            // or there is no op left to give one.
+            let left = report
+                .iter()
+                .filter(own)
+                .all(|r| r["rewritten"] == json!(false));
+            let said = report.is_empty()
+                || report.iter().any(|r| {
+                    r["rewritten"] == json!(false)
+                        && r["reason"]
+                            .as_str()
+                            .is_some_and(|s| s.contains(reason.as_str()))
+                });
+            if !left || !said {
                 return Err(format!(
-                    "{name}: at XLA:TPU's hook every op must be left with the tiled-stage reason; {}",
+                    "{name}: expected no {opcodes:?} rewritten and one left with \"{reason}\"; {}",
                     summary()
                 ));
             }
         }
-        Want::Unchanged => {
-            if rewritten != 0 {
-                return Err(format!("{name}: expected no rewrite; {}", summary()));
-            }
-        }
-        Want::TiledRefusal => {
-            if !report.iter().all(tiled_refusal) {
+        Want::RotationRefusal => {
+            if report.is_empty() || !report.iter().all(rotation_refusal) {
                 return Err(format!(
-                    "{name}: at XLA:TPU's hook every op must be left with the tiled-stage reason; {}",
+                    "{name}: at XLA:TPU's hook an op that asks for a rotation must be left with \
+                     the reason that says why; {}",
                     summary()
                 ));
             }
@@ -437,6 +468,14 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
     Ok(())
 }
 
+/// The collective kinds a case's text holds.
+fn collective_kinds(text: &str) -> Vec<&'static str> {
+    ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
+        .into_iter()
+        .filter(|k| text.contains(&format!(" {k}(")) || text.contains(&format!(" {k}-start(")))
+        .collect()
+}
+
 /// What a failed compile says, without the process's log lines: an
 /// abort's `Check failed:` line, or the error's first line.
 fn failure(answer: &Value) -> String {
@@ -447,13 +486,14 @@ fn failure(answer: &Value) -> String {
     }
 }
 
-/// An op equarx left because the module is at XLA:TPU's tiled stage.
-fn tiled_refusal(r: &Value) -> bool {
+/// An op equarx left because it asked for a rotation at XLA:TPU's tiled
+/// stage.
+fn rotation_refusal(r: &Value) -> bool {
     r["rewritten"] == json!(false)
         && r["stage"] == json!("tiled")
         && r["reason"]
             .as_str()
-            .is_some_and(|s| s.contains("tiling assignment"))
+            .is_some_and(|s| s.contains("a rotation was asked for"))
 }
 
 fn results_dir() -> PathBuf {

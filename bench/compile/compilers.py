@@ -11,8 +11,8 @@ undone and libtpu reads LIBTPU_INIT_ARGS once. Rows per topology:
 - original: the program as JAX lowers it;
 - hook: equarx registered at the compiler's pre-scheduler hook with the
   topology's defaults and `min_payload_bytes=0` (every eligible op); on
-  XLA:TPU it rewrites nothing (the module is tiled there), and the row shows
-  what equarx's presence costs;
+  XLA:TPU the module is tiled and fused there, and equarx emits unrotated,
+  unfused plans;
 - before: `equarx.jax.rewrite_lowered`, the same options;
 - libtpu QAR: libtpu's own quantized all-reduce
   (--xla_tpu_quantized_all_reduce_level=1, size threshold 0), TPU only.

@@ -54,7 +54,7 @@
  *       partitioning, before fusion: a lowered module, XLA:GPU's
  *       pre-scheduler hook), fused (after XLA's fusion: XLA:CPU's hook) or
  *       tiled (after a backend's tiling assignment: XLA:TPU's hook, where
- *       equarx rewrites nothing yet and says why); auto: tiled when a layout
+ *       equarx emits no rotation and no fusion); auto: tiled when a layout
  *       has tiles or a memory space, else fused when the module holds a
  *       fusion. It sets the forms the rewrite emits (the all-to-all's, the
  *       loop's copies, and whether --fuse auto outlines loop fusions); the

@@ -526,8 +526,9 @@ def rewrite_lowered(lowered: Any, **pass_options: Any) -> Any:
     ``all_gather``, ``all_to_all``). The module goes to HLO, through equarx
     at the ``pre-fusion`` stage, and back to StableHLO, so XLA's own layout
     assignment, fusion and copy insertion handle what equarx emits; this is
-    the door that reaches XLA:TPU today (at libtpu's pre-scheduler hook the
-    module is already tiled, and equarx rewrites nothing there). Collectives
+    the door for rotated plans on XLA:TPU (at libtpu's pre-scheduler hook
+    the module is already tiled and fused, and equarx emits unrotated,
+    unfused plans there). Collectives
     that XLA's SPMD partitioner inserts (plain ``jit`` with shardings) do
     not exist yet at this point: they reach equarx only through
     :func:`enable` (the hook). ``num_partitions`` defaults to the

@@ -13,9 +13,9 @@ use super::{CompId, InstrId, Module, infer, shape};
 use crate::proto::hlo_instruction_proto::{ReplicaGroupList, SliceDimensions};
 use crate::proto::{
     CollectiveDeviceListProto, DotDimensionNumbers, HloComputationProto, HloInstructionProto,
-    LiteralProto, OpMetadata, PaddingConfig, PrecisionConfig, PrimitiveType, ProgramShapeProto,
-    ReplicaGroup, ShapeProto, SourceTarget, padding_config::PaddingConfigDimension,
-    precision_config::Precision,
+    LayoutProto, LiteralProto, OpMetadata, PaddingConfig, PrecisionConfig, PrimitiveType,
+    ProgramShapeProto, ReplicaGroup, ShapeProto, SourceTarget,
+    padding_config::PaddingConfigDimension, precision_config::Precision,
 };
 
 /// An emitted (or existing) instruction and its shape.
@@ -236,6 +236,18 @@ impl<'m> Builder<'m> {
         self.s32_array_or_scalar(v, false)
     }
 
+    /// An s32 vector constant laid out as `layout` (a backend's own, past
+    /// its layout assignment).
+    pub fn s32_array_laid_out(&mut self, v: &[i32], layout: LayoutProto) -> Value {
+        let mut shape = shape::array(PrimitiveType::S32, &[v.len() as i64]);
+        shape.layout = Some(Box::new(layout));
+        self.constant(LiteralProto {
+            shape: Some(shape),
+            s32s: v.to_vec(),
+            ..Default::default()
+        })
+    }
+
     fn s32_array_or_scalar(&mut self, v: &[i32], scalar: bool) -> Value {
         let dims: &[i64] = if scalar { &[] } else { &[v.len() as i64] };
         self.constant(LiteralProto {
@@ -284,6 +296,11 @@ impl<'m> Builder<'m> {
     /// `convert` whose result is exactly `result` (type, dims and layout).
     pub fn convert_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
         self.add(Self::op_with_shape(Opcode::Convert, result.clone()), &[x])
+    }
+
+    /// `copy` of `x` into `result`'s layout (its dims and type are `x`'s).
+    pub fn copy_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
+        self.add(Self::op_with_shape(Opcode::Copy, result.clone()), &[x])
     }
 
     /// `reshape` whose result is exactly `result` (type, dims and layout).

@@ -97,6 +97,21 @@ pub fn default_layout(rank: usize) -> LayoutProto {
     }
 }
 
+/// `s` laid out row-major and untiled (XLA's default layout; a backend
+/// past its layout assignment tiles it as it tiles what the pass emits),
+/// when its layout orders the dimensions otherwise (`{0,1:T(8,128)}`, a
+/// TPU layout assignment's); `None` when it is row-major already.
+pub fn row_major(s: &ShapeProto) -> Option<ShapeProto> {
+    let layout = s.layout.as_ref()?;
+    let rank = s.dimensions.len();
+    if is_tuple(s) || layout.minor_to_major == default_layout(rank).minor_to_major {
+        return None;
+    }
+    let mut out = s.clone();
+    out.layout = Some(Box::new(default_layout(rank)));
+    Some(out)
+}
+
 pub fn is_tuple(s: &ShapeProto) -> bool {
     s.element_type == PrimitiveType::Tuple as i32
 }

@@ -57,10 +57,14 @@ crate::choice_enum! {
         Fused = "fused",
         /// After a backend gave every shape a tiled layout and a memory
         /// space (XLA:TPU's pre-scheduler hook: `{1,0:T(8,128)(2,1)S(1)}`).
-        /// What the pass would insert there must carry the layouts, fusion
-        /// kinds and buffers that backend's own passes would have made;
-        /// equarx does not emit those yet, so it rewrites nothing at this
-        /// stage and says so (rewrite the program before XLA instead).
+        /// Layout assignment, fusion and copy insertion have run: what the
+        /// pass inserts must be what that backend's later passes take there.
+        /// It emits no fusion (an untiled one aborts libtpu) and no rotation
+        /// (a bare `dot` fails TPU lowering), no transpose (TPU lowers only
+        /// layout-changing copies by then), vector constants in libtpu's own
+        /// layout, all-to-alls in the tuple form, and copies that bring an
+        /// operand or result laid out otherwise than row-major to and from
+        /// the row-major arrays the plan works on.
         Tiled = "tiled",
     }
 }

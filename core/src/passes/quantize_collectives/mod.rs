@@ -44,6 +44,8 @@ pub mod report;
 pub mod skip;
 pub mod splice;
 
+use std::borrow::Cow;
+
 use choose::{Choice, choose};
 use report::{Basis, OpReport, describe};
 use skip::SkipReason;
@@ -55,6 +57,7 @@ use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
 use crate::options::Options;
+use crate::plan::Rotation;
 use crate::proto::HloInstructionProto;
 
 /// The pass's name, and the name it had when it rewrote all-reduces only.
@@ -128,11 +131,22 @@ impl Pass for QuantizeCollectives {
 }
 
 impl QuantizeCollectives {
-    /// Whether the pass can emit at the module's stage at all.
-    fn emits_here(&self) -> Result<(), SkipReason> {
-        match self.stage {
-            Stage::PreFusion | Stage::Fused => Ok(()),
-            Stage::Tiled => Err(SkipReason::TiledStage),
+    /// The options the chooser works with at the module's stage. Past a
+    /// backend's tiling assignment (XLA:TPU's hook) a rotation's `dot`
+    /// would reach TPU lowering bare, which refuses it: `auto` there means
+    /// unrotated, and a rotation asked for is a skip that says so.
+    fn stage_options(&self) -> Result<Cow<'_, Options>, SkipReason> {
+        if self.stage != Stage::Tiled {
+            return Ok(Cow::Borrowed(&self.options));
+        }
+        match self.options.rotation {
+            Some(Rotation::Hadamard) => Err(SkipReason::RotationAtTiledStage),
+            Some(Rotation::None) => Ok(Cow::Borrowed(&self.options)),
+            None => {
+                let mut options = self.options.clone();
+                options.rotation = Some(Rotation::None);
+                Ok(Cow::Owned(options))
+            }
         }
     }
 
@@ -167,10 +181,10 @@ impl QuantizeCollectives {
         };
         entry.basis = Some(basis);
         entry.prediction = Some(said);
-        let decision = self
-            .emits_here()
-            .and_then(|()| eligibility::examine(module, comp, instr, &self.options, &self.counts))
-            .and_then(|c| choose(&c, data, &self.options).map(|choice| (c, choice)));
+        let decision = self.stage_options().and_then(|options| {
+            let c = eligibility::examine(module, comp, instr, &options, &self.counts)?;
+            choose(&c, data, &options).map(|choice| (c, choice))
+        });
         match decision {
             Err(reason) => {
                 if let SkipReason::NotFaster { time, .. } = &reason {

@@ -33,12 +33,13 @@ pub enum SkipReason {
     #[error("inside a fusion computation")]
     InFusion,
     #[error(
-        "the module is past a backend's tiling assignment (tiled layouts, memory spaces: \
-         XLA:TPU's pre-scheduler hook), where equarx does not emit yet; rewrite the \
-         program before XLA instead (equarx.jax.rewrite_lowered, or equarx rewrite \
-         --stage pre-fusion on the lowered module)"
+        "a rotation was asked for, but the module is past a backend's tiling assignment \
+         (XLA:TPU's pre-scheduler hook), where a rotation's dot would reach TPU lowering \
+         outside a fusion, which it refuses; use --rotation none or auto (unrotated there), \
+         or rewrite the program before XLA (equarx.jax.rewrite_lowered), where XLA fuses \
+         the rotation itself"
     )]
-    TiledStage,
+    RotationAtTiledStage,
     #[error("has control dependencies")]
     ControlDependencies,
     #[error("a -start without a single -done user")]

@@ -114,13 +114,34 @@ pub fn splice(
 
     let mut b = Builder::new(module, c.comp, Some(metadata_for(&instr)));
     let results: Vec<ShapeProto> = shapes_of(c, &element_shapes, true);
-    let emitted = emit(
+    // Past XLA:TPU's layout assignment an operand or result may order its
+    // dimensions otherwise than row-major (`{0,1:T(8,128)}`); a reshape
+    // between that and a row-major array moves elements, which TPU
+    // lowering refuses ("Reshape should have supported layout"). The plan
+    // then reads and writes row-major arrays, through layout-changing
+    // copies, as libtpu's own layout assignment would have inserted.
+    let relaid = |s: &ShapeProto| match stage {
+        Stage::Tiled => shape::row_major(s),
+        Stage::PreFusion | Stage::Fused => None,
+    };
+    let packed: Vec<Value> = packed
+        .into_iter()
+        .map(|x| match relaid(&x.shape) {
+            Some(s) => b.copy_to(&x, &s),
+            None => x,
+        })
+        .collect();
+    let laid_out: Vec<ShapeProto> = results
+        .iter()
+        .map(|r| relaid(r).unwrap_or_else(|| r.clone()))
+        .collect();
+    let mut emitted = emit(
         &mut b,
         &EmitInputs {
             plan,
             participants: &c.participants,
             operands: &packed,
-            results: &results,
+            results: &laid_out,
             max_s32: reducers.max_s32,
             or_s32: reducers.or_s32,
             async_permutes: c.done.is_some(),
@@ -129,6 +150,11 @@ pub fn splice(
             dimension: c.dimension,
         },
     );
+    for ((v, result), written) in emitted.values.iter_mut().zip(&results).zip(&laid_out) {
+        if written != result {
+            *v = b.copy_to(v, result);
+        }
+    }
     let parts = parts(
         &mut b,
         c,

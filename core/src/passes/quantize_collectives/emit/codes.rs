@@ -163,7 +163,7 @@ impl Emitter<'_, '_, '_> {
             ScaleType::Bf16 => 16,
         };
         let amounts: Vec<i32> = (0..width).map(|k| (first + 8 * k) as i32).collect();
-        let vector = self.b.s32_array(&amounts);
+        let vector = self.s32_vector(&amounts);
         let v = self.b.broadcast(&vector, &[nb, width], &[1]);
         self.shifts.insert((nb, width), v.clone());
         v

@@ -74,10 +74,13 @@ impl Emitter<'_, '_, '_> {
         let groups = parts.groups.clone();
         let dims = array.dims().to_vec();
         let rows = dims[0] / p;
-        if self.inputs.stage == Stage::Fused {
+        if matches!(self.inputs.stage, Stage::Fused | Stage::Tiled) {
             // XLA:CPU decomposes array all-to-alls into the tuple form early
             // in its pipeline and runs only that form; past that point the
             // parts are sent as a tuple, each a run of the array's rows.
+            // XLA:TPU's array all-to-all needs the tiled layout its layout
+            // assignment gives (`all_to_all_emitter.cc` refuses an untiled
+            // one); past that the tuple form is what it takes.
             let pieces: Vec<Value> = (0..p)
                 .map(|k| {
                     let mut starts = vec![0; dims.len()];
@@ -90,10 +93,11 @@ impl Emitter<'_, '_, '_> {
             let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
             return self.b.concatenate(&got, 0);
         }
-        // Split along the major dimension: the array form every backend
-        // runs without decomposing it first (the pre-scheduler hook comes
-        // after XLA's all-to-all decomposer), rank 3 (XLA:TPU runs no array
-        // all-to-all of rank 2), the blocks' rows kept.
+        // Before fusion (XLA:GPU's hook, the door before XLA): split along
+        // the major dimension, the array form XLA lays out and runs without
+        // decomposing it first (the hook comes after XLA's all-to-all
+        // decomposer), rank 3 (XLA:TPU runs no array all-to-all of rank 2),
+        // the blocks' rows kept.
         let mut split = dims.clone();
         split[0] = rows;
         split.insert(0, p);

@@ -6,6 +6,7 @@ use super::{Const, Emitter, operands_are_bf16};
 use crate::ir::builder::Value;
 use crate::ir::shape;
 use crate::numerics::{hadamard_norm, hadamard_sign};
+use crate::passes::Stage;
 use crate::plan::{Axis, Collective, Rotation};
 use crate::proto::precision_config::Precision;
 use crate::proto::{PrimitiveType, ShapeProto};
@@ -187,7 +188,7 @@ impl Emitter<'_, '_, '_> {
                     x.clone()
                 } else {
                     let v = self.b.reshape(x, &[before, p, size / p, after]);
-                    self.b.transpose(&v, &[1, 0, 2, 3])
+                    self.swap_leading(&v)
                 };
                 (p, self.b.reshape(&cut, &[p, m]))
             }
@@ -306,9 +307,43 @@ impl Emitter<'_, '_, '_> {
             rows
         } else {
             let v = self.b.reshape(&rows, &[p, before, piece, after]);
-            self.b.transpose(&v, &[1, 0, 2, 3])
+            self.swap_leading(&v)
         };
         vec![self.as_result(&placed, &results[0])]
+    }
+
+    /// `v` `[a, b, rest..]` → `[b, a, rest..]`. Past XLA:TPU's layout
+    /// assignment a transpose is refused ("HLO transpose is not implemented
+    /// on TPU": libtpu's own layout passes have turned its transposes into
+    /// copies by then), so there the swap is a slice per index of the
+    /// shorter of the two dimensions, each reshaped to a unit dimension on
+    /// the other side, and one concatenate.
+    fn swap_leading(&mut self, v: &Value) -> Value {
+        let dims = v.dims().to_vec();
+        if self.inputs.stage != Stage::Tiled {
+            let mut perm: Vec<i64> = (0..dims.len() as i64).collect();
+            perm.swap(0, 1);
+            return self.b.transpose(v, &perm);
+        }
+        let (a, b) = (dims[0], dims[1]);
+        // Slice along dimension `from` (the shorter); each piece's unit
+        // dimension moves to `to`, the other side, and the pieces are
+        // concatenated there.
+        let (from, to) = if a <= b { (0, 1) } else { (1, 0) };
+        let mut unit = dims.clone();
+        unit.swap(0, 1);
+        unit[to] = 1;
+        let pieces: Vec<Value> = (0..dims[from])
+            .map(|k| {
+                let mut starts = vec![0; dims.len()];
+                let mut limits = dims.clone();
+                starts[from] = k;
+                limits[from] = k + 1;
+                let piece = self.b.slice(v, &starts, &limits);
+                self.b.reshape(&piece, &unit)
+            })
+            .collect();
+        self.b.concatenate(&pieces, to as i64)
     }
 
     /// f32 values → `result` (its dimensions, type and layout).

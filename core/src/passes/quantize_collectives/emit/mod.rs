@@ -50,7 +50,7 @@ use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, InstrId};
 use crate::passes::Stage;
 use crate::plan::{Axis, Collective, Phase, Plan, QuantFormat};
-use crate::proto::{PrimitiveType, ShapeProto};
+use crate::proto::{LayoutProto, PrimitiveType, ShapeProto, TileProto};
 
 /// What the emitted subgraph needs besides the plan.
 pub struct EmitInputs<'a> {
@@ -249,6 +249,26 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         };
         self.consts.insert(c, v.clone());
         v
+    }
+
+    /// An s32 vector constant. Past XLA:TPU's layout assignment it takes
+    /// the layout libtpu gives its own (`s32[N]{0:T(128)}`, read from
+    /// compiled probes): an untiled one gets a buffer of another size than
+    /// its literal, which TPU code emission refuses (`data_emitter.cc`).
+    fn s32_vector(&mut self, v: &[i32]) -> Value {
+        match self.inputs.stage {
+            Stage::Tiled => self.b.s32_array_laid_out(
+                v,
+                LayoutProto {
+                    minor_to_major: vec![0],
+                    tiles: vec![TileProto {
+                        dimensions: vec![128],
+                    }],
+                    ..Default::default()
+                },
+            ),
+            Stage::PreFusion | Stage::Fused => self.b.s32_array(v),
+        }
     }
 
     fn s32c(&mut self, v: i64) -> Value {

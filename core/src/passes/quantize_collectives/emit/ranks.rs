@@ -19,7 +19,7 @@ impl Emitter<'_, '_, '_> {
         match self.inputs.participants.rank_table() {
             None => id,
             Some(table) => {
-                let table = self.b.s32_array(&table);
+                let table = self.s32_vector(&table);
                 let r = self.b.dynamic_slice(&table, &[id], &[1]);
                 self.b.reshape(&r, &[])
             }
