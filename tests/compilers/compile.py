@@ -19,7 +19,7 @@ unregistered; the options change per job through `equarx_pjrt_configure`):
 The result per job (JSON lines, one per job, flushed as each ends):
 
     {"name", "ok", "error" (the compiler's message), "compile_s", "compile_cpu_s",
-     "report" (equarx's per-op report at that door), "fusions",
+     "report" (equarx's per-op report at that door), "fusions", "kernels",
      "entry_fusions", "collectives": [[opcode, operand types]],
      "wire_types" (element types every collective carries), "temp_bytes",
      "generated_code_bytes", "flops", "bytes_accessed"}
@@ -284,11 +284,39 @@ def main(argv):
     return 0
 
 
+# Instructions that run no kernel of their own: views, plumbing, control
+# flow (whose bodies are counted), and the collectives themselves.
+NOT_KERNELS = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+               "conditional", "call", "after-all", "opt-barrier", "partition-id", "replica-id",
+               "all-reduce-done", "all-gather-done", "collective-permute-done",
+               "all-to-all-done", "reduce-scatter-done", "copy-start", "copy-done",
+               "send", "send-done", "recv", "recv-done") + COLLECTIVES
+
+
+def kernels_of(text):
+    """The kernels of compiled text: every instruction outside fusion
+    bodies and reducers (a fusion is one kernel, so is an op left unfused)
+    that is neither a view, plumbing, control flow nor a collective."""
+    inner = set(re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", text))
+    kernels = 0
+    computation = None
+    for line in text.splitlines():
+        head = re.match(r"(?:ENTRY )?%([\w.\-]+) ", line)
+        if head and line.rstrip().endswith("{"):
+            computation = head.group(1)
+            continue
+        parsed = parse_instruction(line)
+        if parsed and computation not in inner and parsed[2] not in NOT_KERNELS:
+            kernels += 1
+    return kernels
+
+
 def finish(exe, wall, cpu, job, res):
     """What the compiler made: its collectives' wire types, fusions,
     memory, cost and compile time."""
     text = "\n".join(m.to_string() for m in exe.hlo_modules())
     res["collectives"], res["fusions"], res["entry_fusions"] = collectives_of(text)
+    res["kernels"] = kernels_of(text)
     res["wire_types"] = sorted({t for _, ts in res["collectives"] for t in ts})
     mem = exe.get_compiled_memory_stats()
     res["temp_bytes"] = mem.temp_size_in_bytes

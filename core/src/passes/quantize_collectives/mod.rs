@@ -46,7 +46,7 @@ pub mod splice;
 
 use std::borrow::Cow;
 
-use choose::{Choice, choose};
+use choose::{Choice, DEFAULT_BUDGET_PCT, choose};
 use report::{Basis, OpReport, describe};
 use skip::SkipReason;
 use splice::{Reducers, splice};
@@ -134,7 +134,12 @@ impl QuantizeCollectives {
     /// The options the chooser works with at the module's stage. Past a
     /// backend's tiling assignment (XLA:TPU's hook) a rotation's `dot`
     /// would reach TPU lowering bare, which refuses it: `auto` there means
-    /// unrotated, and a rotation asked for is a skip that says so.
+    /// unrotated, and a rotation asked for is a skip that says so. Without
+    /// the rotation the defaults' error grows past their budget (on
+    /// gemma-3-270m the unrotated plans cost +0.5 to +0.6 % perplexity,
+    /// BENCHMARKS.md), so there the budget binds: an op no unrotated plan
+    /// keeps within it is left with the budget's reason, unless the options
+    /// fix the rotation (`none`) or give a budget of their own.
     fn stage_options(&self) -> Result<Cow<'_, Options>, SkipReason> {
         if self.stage != Stage::Tiled {
             return Ok(Cow::Borrowed(&self.options));
@@ -145,8 +150,29 @@ impl QuantizeCollectives {
             None => {
                 let mut options = self.options.clone();
                 options.rotation = Some(Rotation::None);
+                options.max_error_pct = options.max_error_pct.or(Some(DEFAULT_BUDGET_PCT));
                 Ok(Cow::Owned(options))
             }
+        }
+    }
+
+    /// `reason` as the stage explains it: a budget the tiled stage made
+    /// binding (see [`Self::stage_options`]) says so.
+    fn at_stage(&self, reason: SkipReason) -> SkipReason {
+        let bound_here = self.stage == Stage::Tiled
+            && self.options.rotation.is_none()
+            && self.options.max_error_pct.is_none();
+        match reason {
+            SkipReason::OverBudget {
+                budget,
+                best,
+                predicted,
+            } if bound_here => SkipReason::UnrotatedOverBudget {
+                budget,
+                best,
+                predicted,
+            },
+            other => other,
         }
     }
 
@@ -183,7 +209,9 @@ impl QuantizeCollectives {
         entry.prediction = Some(said);
         let decision = self.stage_options().and_then(|options| {
             let c = eligibility::examine(module, comp, instr, &options, &self.counts)?;
-            choose(&c, data, &options).map(|choice| (c, choice))
+            choose(&c, data, &options)
+                .map(|choice| (c, choice))
+                .map_err(|reason| self.at_stage(reason))
         });
         match decision {
             Err(reason) => {

@@ -99,6 +99,17 @@ pub enum SkipReason {
         predicted: f64,
     },
     #[error(
+        "past a backend's tiling assignment (XLA:TPU's pre-scheduler hook) no rotation is emitted, \
+         and no unrotated configuration meets the default error budget of {budget}% (the most \
+         exact, {best}, predicts {predicted:.2}%): give --rotation none or --max-error to take it, \
+         or rewrite the program before XLA (equarx.jax.rewrite_lowered), where it rotates"
+    )]
+    UnrotatedOverBudget {
+        budget: f64,
+        best: String,
+        predicted: f64,
+    },
+    #[error(
         "declined: the most exact configuration, {best}, predicts {predicted:.1}% per op, more than \
          the {limit}% that keeps a model (give --max-error, or fix both --algorithm and --rotation, to take it anyway)"
     )]
