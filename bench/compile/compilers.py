@@ -118,7 +118,7 @@ def one(args):
     # nothing about what a rewrite costs).
     defaults = {"topology": "h100" if platform(topo_name) == "gpu" else topo_name.split(":")[0],
                 "min_payload_bytes": 0}
-    if door == "hook-unrotated":
+    if door == "hook-unrot":
         # XLA:TPU's hook emits no rotation, and the defaults' budget leaves
         # an op whose unrotated plans miss it: this row takes them.
         defaults["rotation"] = "none"
@@ -173,7 +173,7 @@ def main(argv=None):
         "temp_MiB"))
     for topo in args.topologies.split(","):
         doors = ["original", "hook", "before"] + (
-            ["hook-unrotated", "libtpu-qar"] if platform(topo) == "tpu" else [])
+            ["hook-unrot", "libtpu-qar"] if platform(topo) == "tpu" else [])
         for prog in args.programs.split(","):
             base = None
             for door in doors:
@@ -198,7 +198,8 @@ def main(argv=None):
                 r = json.loads(lines[-1])
                 base = r["compile_s"] if door == "original" else base
                 print("%-9s %-5s %-11s %9.2f %6.2fx %8d %8d %-14s %.1f" % (
-                    topo, prog, door.replace("hook-unrotated", "hook-unrot"), r["compile_s"], r["compile_s"] / base if base else float("nan"),
+                    topo, prog, door, r["compile_s"],
+                    r["compile_s"] / base if base else float("nan"),
                     r["fusions"], r["kernels"], ",".join(r["wire"]),
                     (r["temp_bytes"] or 0) / 2**20), flush=True)
     return 0

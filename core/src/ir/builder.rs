@@ -213,7 +213,7 @@ impl<'m> Builder<'m> {
     }
 
     pub fn s32_scalar(&mut self, v: i32) -> Value {
-        self.s32_array_or_scalar(&[v], true)
+        self.s32_constant(&[v], shape::scalar(PrimitiveType::S32))
     }
 
     pub fn s8_scalar(&mut self, v: i8) -> Value {
@@ -233,7 +233,7 @@ impl<'m> Builder<'m> {
     }
 
     pub fn s32_array(&mut self, v: &[i32]) -> Value {
-        self.s32_array_or_scalar(v, false)
+        self.s32_array_laid_out(v, shape::default_layout(1))
     }
 
     /// An s32 vector constant laid out as `layout` (a backend's own, past
@@ -241,17 +241,12 @@ impl<'m> Builder<'m> {
     pub fn s32_array_laid_out(&mut self, v: &[i32], layout: LayoutProto) -> Value {
         let mut shape = shape::array(PrimitiveType::S32, &[v.len() as i64]);
         shape.layout = Some(Box::new(layout));
-        self.constant(LiteralProto {
-            shape: Some(shape),
-            s32s: v.to_vec(),
-            ..Default::default()
-        })
+        self.s32_constant(v, shape)
     }
 
-    fn s32_array_or_scalar(&mut self, v: &[i32], scalar: bool) -> Value {
-        let dims: &[i64] = if scalar { &[] } else { &[v.len() as i64] };
+    fn s32_constant(&mut self, v: &[i32], shape: ShapeProto) -> Value {
         self.constant(LiteralProto {
-            shape: Some(shape::array(PrimitiveType::S32, dims)),
+            shape: Some(shape),
             s32s: v.to_vec(),
             ..Default::default()
         })

@@ -150,24 +150,31 @@ impl QuantizeCollectives {
             None => {
                 let mut options = self.options.clone();
                 options.rotation = Some(Rotation::None);
-                options.max_error_pct = options.max_error_pct.or(Some(DEFAULT_BUDGET_PCT));
+                if self.budget_binds_here() {
+                    options.max_error_pct = Some(DEFAULT_BUDGET_PCT);
+                }
                 Ok(Cow::Owned(options))
             }
         }
     }
 
-    /// `reason` as the stage explains it: a budget the tiled stage made
-    /// binding (see [`Self::stage_options`]) says so.
-    fn at_stage(&self, reason: SkipReason) -> SkipReason {
-        let bound_here = self.stage == Stage::Tiled
+    /// Whether [`Self::stage_options`] made the default budget binding: at
+    /// the tiled stage, with neither the rotation nor a budget given.
+    fn budget_binds_here(&self) -> bool {
+        self.stage == Stage::Tiled
             && self.options.rotation.is_none()
-            && self.options.max_error_pct.is_none();
+            && self.options.max_error_pct.is_none()
+    }
+
+    /// `reason` as the stage explains it: a budget the tiled stage made
+    /// binding says so.
+    fn at_stage(&self, reason: SkipReason) -> SkipReason {
         match reason {
             SkipReason::OverBudget {
                 budget,
                 best,
                 predicted,
-            } if bound_here => SkipReason::UnrotatedOverBudget {
+            } if self.budget_binds_here() => SkipReason::UnrotatedOverBudget {
                 budget,
                 best,
                 predicted,
