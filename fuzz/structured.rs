@@ -657,7 +657,7 @@ fn options(u: &mut Unstructured) -> Result<Vec<(&'static str, String)>> {
     pick(u, "scale_type", &["", "bf16", "f32"], &mut o)?;
     pick(u, "gather", &["", "all-gather", "permute"], &mut o)?;
     pick(u, "unroll", &["", "true", "false"], &mut o)?;
-    pick(u, "fuse", &["", "auto", "on", "off"], &mut o)?;
+    pick(u, "fuse", &["", "auto", "off"], &mut o)?;
     pick(
         u,
         "topology",

@@ -158,7 +158,7 @@ fn a_collective_result_of_another_group_size_is_left_with_its_reason() {
     let parsed = equarx::text::parse(text).unwrap();
     let options = equarx::options::from_pairs([
         ("block_size", "64"),
-        ("fuse", "on"),
+        ("stage", "fused"),
         ("topology", "h200"),
         ("min_payload_bytes", "0"),
     ])

@@ -213,14 +213,15 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         "emitted collectives vs the plan"
     );
 
-    // Loop fusions exactly when asked for (the random modules are unfused,
-    // so `auto` means none).
+    // No loop fusions: the random modules are unfused, and a module before
+    // XLA's fusion never gets any (XLA:GPU's layout assignment aborts on
+    // them).
     let fused = r
         .module
         .computations
         .iter()
         .any(|k| k.name.starts_with("equarx_fused"));
-    prop_assert_eq!(fused, c.options.fuse == FuseMode::On);
+    prop_assert!(!fused, "fusions outlined into an unfused module");
 
     // Deterministic.
     let again = equarx::rewrite(input, parsed.counts, &options).expect("second run");

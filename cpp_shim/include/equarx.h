@@ -45,10 +45,11 @@
  *   gather  all-gather|permute (default: all-gather):
  *       How the reduced chunks reach every rank: one all-gather, or P-1
  *       collective-permute hops round the same ring.
- *   fuse  auto|on|off (default: auto):
+ *   fuse  auto|off (default: auto):
  *       Outline the emitted quantize / dequantize chains into loop fusions:
  *       auto does when the module is past XLA's fusion (--stage fused, or
- *       detected: a dump after optimizations, the pre-scheduler hook).
+ *       detected: a dump after optimizations, XLA:CPU's pre-scheduler hook),
+ *       never before; off never does.
  *   stage  auto|pre-fusion|fused|tiled (default: auto):
  *       Where in XLA's pipeline the module is: pre-fusion (after SPMD
  *       partitioning, before fusion: a lowered module, XLA:GPU's

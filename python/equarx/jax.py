@@ -322,9 +322,11 @@ def enable(
     default backend (``jax.default_backend()``: ``"cpu"``, ``"gpu"``,
     ``"tpu"``...).
 
-    ``pass_options`` are equarx's options, as for :func:`options`. At the
-    pre-scheduler stage XLA has fused the module, so ``fuse="auto"`` (the
-    default) outlines equarx's ops into loop fusions of their own. They are
+    ``pass_options`` are equarx's options, as for :func:`options`. At
+    XLA:CPU's pre-scheduler stage XLA has fused the module, so
+    ``fuse="auto"`` (the default) outlines equarx's ops into loop fusions of
+    their own; XLA:GPU's hook sits before its fusion, which then fuses them,
+    and XLA:TPU's after its tiling, where nothing is outlined. They are
     checked now: invalid ones raise :class:`equarx.EquarxError` with
     equarx's message, and what was registered stays.
     Enabling again replaces the previous registration.

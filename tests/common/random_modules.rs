@@ -381,7 +381,7 @@ pub fn options() -> impl Strategy<Value = Options> {
         select(vec![GatherForm::AllGather, GatherForm::Permute]),
         select(vec![0u64, 0, 0, 0, 64, 4096]),
         types,
-        select(vec![FuseMode::Auto, FuseMode::Off, FuseMode::On]),
+        select(vec![FuseMode::Auto, FuseMode::Off]),
         select(vec![
             None,
             Some(Algorithm::Ring),

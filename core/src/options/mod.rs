@@ -64,10 +64,11 @@ crate::choice_enum! {
     /// Whether the emitted ops are outlined into loop fusions.
     pub enum FuseMode {
         /// When the module is past XLA's fusion (the pipeline's stage is
-        /// `fused`, as at XLA's pre-scheduler hook); not before.
+        /// `fused`, as at XLA:CPU's pre-scheduler hook); not before, where a
+        /// fusion would reach the compiler's layout assignment (XLA:GPU
+        /// aborts on one there). A module past fusion that holds none says
+        /// so with `--stage fused`.
         Auto = "auto",
-        /// Always: for a pass position after fusion in a module without any.
-        On = "on",
         /// Never: leave fusion to the compiler.
         Off = "off",
     }
@@ -413,6 +414,17 @@ mod tests {
         );
         assert_eq!(j.pass.fuse, FuseMode::Off);
         assert_eq!(j.counts.num_partitions, Some(8));
+    }
+
+    #[test]
+    fn fuse_on_is_refused_with_the_stage_that_replaces_it() {
+        let e = from_pairs([("fuse", "on")]).unwrap_err();
+        assert!(
+            e.contains("XLA:GPU aborts") && e.contains("--stage fused"),
+            "{e}"
+        );
+        let o = from_pairs([("fuse", "off")]).unwrap();
+        assert_eq!(o.pass.fuse, FuseMode::Off);
     }
 
     #[test]

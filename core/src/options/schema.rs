@@ -12,6 +12,13 @@ use crate::numerics::profile::ProfileFile;
 use crate::passes::Stage;
 use crate::plan::{Algorithm, GatherForm, QuantFormat, Rotation, ScaleType};
 
+/// Why `--fuse on` is refused: it outlined fusions into modules XLA had not
+/// fused yet, and XLA:GPU's layout assignment, which follows its
+/// pre-scheduler hook, leaves such fusions without layouts and aborts.
+const FUSE_ON_REMOVED: &str = "\"on\" is no longer a choice (auto, off): outlined into a \
+    module before XLA's fusion, the fusions reach the compiler's layout assignment, and \
+    XLA:GPU aborts on them. For a module past XLA's fusion that holds none, give --stage fused";
+
 /// How an option's value is written, for `--help` and the docs; also how
 /// the command line reads it (a flag, a list that may repeat).
 #[derive(Clone, Copy, Debug)]
@@ -24,7 +31,7 @@ pub enum Syntax {
     Bool,
     /// Bytes: a whole number, or with a suffix `KiB`, `MiB`, `GiB`.
     Bytes,
-    /// One of the names an enum knows (`auto|on|off`).
+    /// One of the names an enum knows (`auto|off`).
     Choice(fn() -> Vec<String>),
     /// Free text, shown as the given placeholder.
     Text(&'static str),
@@ -279,17 +286,21 @@ pub static OPTIONS: &[OptionSpec] = &[
         syntax: Syntax::Choice(names::<FuseMode>),
         help: "Outline the emitted quantize / dequantize chains into loop fusions: auto does \
                when the module is past XLA's fusion (--stage fused, or detected: a dump after \
-               optimizations, the pre-scheduler hook).",
+               optimizations, XLA:CPU's pre-scheduler hook), never before; off never does.",
         why: "outline the quantize / dequantize-add chains into `kLoop` fusions when the \
-              module is already fused (XLA's pre-scheduler hook: the JAX door; a dump after \
-              optimizations); before fusion XLA fuses them itself. `on` / `off` force it. A \
-              rewritten after-optimizations dump that you send through XLA's whole pipeline \
-              again (e.g. via MLIR) wants `off`: XLA's layout assignment refuses modules that \
-              already hold bitcasts",
+              module is already fused (XLA:CPU's pre-scheduler hook: the JAX door; a dump after \
+              optimizations); before fusion XLA fuses them itself, and a fusion that reaches \
+              XLA:GPU's layout assignment aborts the compiler. A module past fusion that holds \
+              none says so with `--stage fused`. A rewritten after-optimizations dump that you \
+              send through XLA's whole pipeline again (e.g. via MLIR) wants `off`: XLA's layout \
+              assignment refuses modules that already hold bitcasts",
         unset: "",
         example: "off",
         refused: Some(("maybe", "\"maybe\" is not one of")),
         set: |o, v| {
+            if text(v)? == "on" {
+                return Err(FUSE_ON_REMOVED.to_string());
+            }
             o.pass.fuse = choice(v)?;
             Ok(())
         },

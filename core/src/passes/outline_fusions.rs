@@ -46,12 +46,7 @@ impl Pass for OutlineFusions {
     }
 
     fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
-        let on = match self.fuse {
-            FuseMode::On => true,
-            FuseMode::Off => false,
-            FuseMode::Auto => self.stage == Stage::Fused,
-        };
-        if !on {
+        if self.fuse == FuseMode::Off || self.stage != Stage::Fused {
             return Ok(false);
         }
         let before = module.computations().len();
