@@ -167,8 +167,26 @@ fn main() {
                 }
             }
         }
+        // At a hook the stage is the compiler's and equarx reads it from
+        // the module; a case's `stage` and `fuse` describe the case's own
+        // text (an after-optimizations dump, or the tiled variants that
+        // run XLA:TPU's forms on XLA:CPU). Without them a variant can be
+        // another test of the file again, which compiles once.
+        let mut seen = Vec::new();
+        let tests: Vec<_> = h
+            .tests
+            .iter()
+            .filter_map(|t| {
+                let mut options = t.options.clone();
+                options.remove("stage");
+                options.remove("fuse");
+                let new = !seen.contains(&options);
+                seen.push(options.clone());
+                new.then_some((t, options))
+            })
+            .collect();
         for topology in topologies {
-            for t in &h.tests {
+            for (t, options) in &tests {
                 let test = match &t.variant {
                     Some(v) => format!("{name}::{v}@{topology}"),
                     None => format!("{name}@{topology}"),
@@ -201,12 +219,6 @@ fn main() {
                         opcodes: collective_kinds(&text),
                     },
                 };
-                // At a hook the stage is the compiler's and equarx reads it
-                // from the module; a case's `stage` and `fuse` describe the
-                // case's own text (an after-optimizations dump, say).
-                let mut options = t.options.clone();
-                options.remove("stage");
-                options.remove("fuse");
                 batches.entry(topology.clone()).or_default().push(Job {
                     name: test,
                     spec: json!({
