@@ -79,7 +79,8 @@ fn rewrites_of_every_fixture_keep_the_contract() {
             .filter(|r| r.rewritten)
             .map(|r| r.op.name.as_str())
             .collect();
-        // The scalar reducers the ring calls (equarx_max_s32, equarx_or_s32, equarx_add_f32).
+        // The scalar reducers the ring calls (equarx_max_s32, equarx_add_f32, and
+        // equarx_or_s32 past a backend's tiling).
         let reducer_instrs: HashSet<i64> = first
             .module
             .computations

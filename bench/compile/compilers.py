@@ -2,7 +2,7 @@
 the original program against equarx's rewrite, through each door, side by side.
 
     target/compilers/bin/python bench/compile/compilers.py [--runs N] [--programs psum,mlp,gemma]
-        [--topologies v5e:2x2,h100x4,v5e:8x8] [--timeout S]
+        [--topologies v5e:2x2,h100x4,v5e:8x8] [--timeout S] [--option NAME=VALUE ...]
 
 (`scripts/pyenv compilers` makes the venv; EQUARX_LIB names libequarx.so.) Each
 row runs in a process of its own, since a registration at the hook cannot be
@@ -20,6 +20,9 @@ undone and libtpu reads LIBTPU_INIT_ARGS once. Rows per topology:
 - before: `equarx.jax.rewrite_lowered`, the same options;
 - libtpu QAR: libtpu's own quantized all-reduce
   (--xla_tpu_quantized_all_reduce_level=1, size threshold 0), TPU only.
+
+`--option` adds pass options to every rewriting row (`hook`, `hook-unrot`,
+`before`), on top of the topology's defaults: a plan forced, say.
 
 A row compiles a fresh lowering `--runs` times and keeps the lowest wall
 time. Programs: `psum`, one 8 MiB bf16 psum per device (2048 x 2048); `mlp`,
@@ -118,6 +121,12 @@ def one(args):
     # nothing about what a rewrite costs).
     defaults = {"topology": "h100" if platform(topo_name) == "gpu" else topo_name.split(":")[0],
                 "min_payload_bytes": 0}
+    for option in args.option:
+        name, value = option.split("=", 1)
+        try:
+            defaults[name] = json.loads(value)
+        except ValueError:
+            defaults[name] = value
     if door == "hook-unrot":
         # XLA:TPU's hook emits no rotation, and the defaults' budget leaves
         # an op whose unrotated plans miss it: this row takes them.
@@ -161,11 +170,18 @@ def main(argv=None):
     ap.add_argument("--topologies", default="v5e:2x2,h100x4")
     ap.add_argument("--timeout", type=float, default=900,
                     help="seconds a row may take before it is reported as timed out (default 900)")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a pass option on top of the rows' defaults (repeatable; the door's JSON "
+                         "names: --option algorithm=ring --option rotation=none); VALUE is read "
+                         "as JSON where it parses (0, true), else as a string")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--topology", help=argparse.SUPPRESS)
     ap.add_argument("--program", help=argparse.SUPPRESS)
     ap.add_argument("--door", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    for option in args.option:
+        if "=" not in option:
+            ap.error("--option %r: give NAME=VALUE, e.g. --option algorithm=ring" % option)
     if args.one:
         return one(args)
     print("%-9s %-5s %-11s %9s %7s %8s %8s %-14s %s" % (
@@ -184,6 +200,7 @@ def main(argv=None):
                                                "--xla_tpu_quantized_all_reduce_size_threshold_mib=0")
                 cmd = [sys.executable, __file__, "--one", "--topology", topo, "--program", prog,
                        "--door", "original" if door == "libtpu-qar" else door, "--runs", str(args.runs)]
+                cmd += [a for option in args.option for a in ("--option", option)]
                 try:
                     run = subprocess.run(cmd, capture_output=True, text=True, env=env,
                                          timeout=args.timeout)

@@ -228,7 +228,8 @@ impl QuantizeCollectives {
                 entry.reason = Some(reason.to_string());
             }
             Ok((candidate, Choice { plan, time })) => {
-                let reducers = *reducers.get_or_insert_with(|| Reducers::add_to(module));
+                let reducers =
+                    *reducers.get_or_insert_with(|| Reducers::add_to(module, self.stage));
                 let before_xla = self.options.stage == Some(Stage::PreFusion);
                 let spliced = splice(
                     module, &candidate, &plan, self.stage, before_xla, reducers, edits,

@@ -18,20 +18,25 @@ use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 pub struct Reducers {
     /// The maximum of s32 values: the blocks' absmax, on the bits of |x|.
     pub max_s32: CompId,
-    /// The or of s32 values: a scale's bytes put back together.
-    pub or_s32: CompId,
+    /// The or of s32 values: a scale's bytes put back together, past a
+    /// backend's tiling only (see `Emitter::unwire`); before it they are
+    /// or-ed elementwise, which XLA fuses into the dequantize.
+    pub or_s32: Option<CompId>,
 }
 
 impl Reducers {
-    /// Adds the module's scalar reducers (once per module).
-    pub fn add_to(module: &mut Module) -> Self {
+    /// Adds the module's scalar reducers that `stage`'s emission calls
+    /// (once per module).
+    pub fn add_to(module: &mut Module, stage: Stage) -> Self {
         Reducers {
             max_s32: module.add_scalar_reducer(
                 "equarx_max_s32",
                 Opcode::Maximum,
                 PrimitiveType::S32,
             ),
-            or_s32: module.add_scalar_reducer("equarx_or_s32", Opcode::Or, PrimitiveType::S32),
+            or_s32: (stage == Stage::Tiled).then(|| {
+                module.add_scalar_reducer("equarx_or_s32", Opcode::Or, PrimitiveType::S32)
+            }),
         }
     }
 }

@@ -133,8 +133,17 @@ impl Emitter<'_, '_, '_> {
         self.b.reshape(&arrived, &[ranks * rows, width])
     }
 
-    /// The inverse of [`Self::wire`]: each scale byte widened, shifted into
-    /// place and or-ed with the others by a reduction over the few of them.
+    /// The inverse of [`Self::wire`]: each scale byte widened and shifted
+    /// into place, then or-ed with the others.
+    ///
+    /// Before a backend's tiling the bytes' columns are or-ed elementwise,
+    /// so that the scales stay an elementwise function of the wire, which
+    /// XLA fuses into the dequantize that broadcasts them: a reduction
+    /// there is a kernel of its own on XLA:GPU and XLA:CPU (neither fuses a
+    /// reduce into a consumer that broadcasts it back), one more per
+    /// dequantize. Past XLA:TPU's fusion every op is a kernel anyway, and a
+    /// reduction over the few bytes (the `or` reducer the stage has,
+    /// `Reducers::add_to`) is the fewest ops.
     pub(super) fn unwire(&mut self, wire: &Value) -> Message {
         let (nb, all) = (self.dim(wire, 0), self.dim(wire, 1));
         let width = self.plan().scale_type().bytes() as i64;
@@ -145,8 +154,21 @@ impl Emitter<'_, '_, '_> {
         let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
         let shifts = self.byte_shifts(nb, width);
         let placed = self.b.binary(Opcode::ShiftLeft, &unsigned, &shifts);
-        let zero = self.s32c(0);
-        let bits = self.b.reduce(&placed, &zero, &[1], self.inputs.or_s32);
+        let bits = match self.inputs.or_s32 {
+            Some(or) => {
+                let zero = self.s32c(0);
+                self.b.reduce(&placed, &zero, &[1], or)
+            }
+            None => {
+                let columns: Vec<Value> = (0..width)
+                    .map(|k| self.b.slice(&placed, &[0, k], &[nb, k + 1]))
+                    .collect();
+                let ored = columns[1..].iter().fold(columns[0].clone(), |acc, c| {
+                    self.b.binary(Opcode::Or, &acc, c)
+                });
+                self.b.reshape(&ored, &[nb])
+            }
+        };
         let scales = self.b.bitcast_convert(&bits, PrimitiveType::F32);
         Message { codes, scales }
     }

@@ -61,9 +61,10 @@ pub struct EmitInputs<'a> {
     /// The result shape (with layout) each operand's sum must have.
     pub results: &'a [ShapeProto],
     /// Scalar s32 `maximum` and `or` computations: the blocks' absmax, on
-    /// the bits of |x|, and a scale's bytes put back together.
+    /// the bits of |x|, and, where the stage reduces them (past a
+    /// backend's tiling), a scale's bytes put back together.
     pub max_s32: CompId,
-    pub or_s32: CompId,
+    pub or_s32: Option<CompId>,
     /// Emit `collective-permute-start`/`-done` pairs (for an async pair).
     pub async_permutes: bool,
     /// Where in XLA's pipeline the module is: past its fusion, XLA will not
