@@ -180,9 +180,11 @@ fn main() {
                 let mut options = t.options.clone();
                 options.remove("stage");
                 options.remove("fuse");
-                let new = !seen.contains(&options);
+                if seen.contains(&options) {
+                    return None;
+                }
                 seen.push(options.clone());
-                new.then_some((t, options))
+                Some((t, options))
             })
             .collect();
         for topology in topologies {
