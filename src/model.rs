@@ -61,6 +61,11 @@ pub fn run(a: ModelArgs) -> Result<()> {
         },
         topology.step_latency_us
     );
+    say!(
+        "kernels: {}; {} us each (assumption)",
+        topology.kernels.source,
+        topology.kernel_latency_us
+    );
     use Align::{Left, Right};
     let mut t = Columns::new(&[
         ("bf16 size", Right),

@@ -33,8 +33,9 @@ from the model's GGUF, which `bench/model` fetches once; shapes only, no
 weights), at most 4-way (the model has 4 query heads). Prints one line per
 row: compile seconds (min of runs), the ratio to the original, fusions in the
 compiled module, its kernels (fusions and the ops left unfused, past views,
-control flow and collectives), the collectives' wire types, and the temp
-memory.
+control flow and collectives), how many of those are in `while` loops (run
+once per iteration: a ring's hops), the collectives' wire types, and the
+temp memory.
 """
 
 import argparse
@@ -159,6 +160,7 @@ def one(args):
     collectives, fusions, _ = tool.collectives_of(text)
     mem = compiled.memory_analysis()
     print(json.dumps({"compile_s": best, "fusions": fusions, "kernels": tool.kernels_of(text),
+                      "in_loop": tool.loop_kernels_of(text),
                       "wire": sorted({t for _, ts in collectives for t in ts}),
                       "temp_bytes": mem.temp_size_in_bytes if mem else None}))
 
@@ -184,8 +186,8 @@ def main(argv=None):
             ap.error("--option %r: give NAME=VALUE, e.g. --option algorithm=ring" % option)
     if args.one:
         return one(args)
-    print("%-9s %-5s %-11s %9s %7s %8s %8s %-14s %s" % (
-        "topology", "prog", "row", "compile_s", "ratio", "fusions", "kernels", "wire",
+    print("%-9s %-5s %-11s %9s %7s %8s %8s %7s %-14s %s" % (
+        "topology", "prog", "row", "compile_s", "ratio", "fusions", "kernels", "in_loop", "wire",
         "temp_MiB"))
     for topo in args.topologies.split(","):
         doors = ["original", "hook", "before"] + (
@@ -214,10 +216,10 @@ def main(argv=None):
                     continue
                 r = json.loads(lines[-1])
                 base = r["compile_s"] if door == "original" else base
-                print("%-9s %-5s %-11s %9.2f %6.2fx %8d %8d %-14s %.1f" % (
+                print("%-9s %-5s %-11s %9.2f %6.2fx %8d %8d %7d %-14s %.1f" % (
                     topo, prog, door, r["compile_s"],
                     r["compile_s"] / base if base else float("nan"),
-                    r["fusions"], r["kernels"], ",".join(r["wire"]),
+                    r["fusions"], r["kernels"], r["in_loop"], ",".join(r["wire"]),
                     (r["temp_bytes"] or 0) / 2**20), flush=True)
     return 0
 

@@ -293,12 +293,13 @@ NOT_KERNELS = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                "send", "send-done", "recv", "recv-done") + COLLECTIVES
 
 
-def kernels_of(text):
-    """The kernels of compiled text: every instruction outside fusion
-    bodies and reducers (a fusion is one kernel, so is an op left unfused)
-    that is neither a view, plumbing, control flow nor a collective."""
+def kernels_by_computation(text):
+    """The kernels of compiled text per computation: every instruction
+    outside fusion bodies and reducers (a fusion is one kernel, so is an op
+    left unfused) that is neither a view, plumbing, control flow nor a
+    collective."""
     inner = set(re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", text))
-    kernels = 0
+    counts = {}
     computation = None
     for line in text.splitlines():
         head = re.match(r"(?:ENTRY )?%([\w.\-]+) ", line)
@@ -307,8 +308,20 @@ def kernels_of(text):
             continue
         parsed = parse_instruction(line)
         if parsed and computation not in inner and parsed[2] not in NOT_KERNELS:
-            kernels += 1
-    return kernels
+            counts[computation] = counts.get(computation, 0) + 1
+    return counts
+
+
+def kernels_of(text):
+    """The kernels of compiled text, every computation's together."""
+    return sum(kernels_by_computation(text).values())
+
+
+def loop_kernels_of(text):
+    """The kernels of compiled text inside `while` loops (their bodies and
+    conditions): each runs once per iteration, not once per program."""
+    loops = set(re.findall(r"(?:body|condition)=%([\w.\-]+)", text))
+    return sum(n for c, n in kernels_by_computation(text).items() if c in loops)
 
 
 def finish(exe, wall, cpu, job, res):

@@ -12,12 +12,18 @@
 //! bytes ([`Plan::phase_wire_bytes`]) over the links it uses:
 //!
 //! ```text
-//! ring over Q ranks    (Q−1)·(α + α_k) + bytes / β_ring
-//! exchange over Q      switch: α + α_k + bytes / β_egress
+//! ring over Q ranks    (Q−1)·α + k·(ring_phase + (Q−1)·lanes·ring_hop) + bytes / β_ring
+//! exchange over Q      switch: α + k·phase + bytes / β_egress
 //!                      torus ring: the average message crosses Q/4 links,
-//!                      (Q/2)·α + α_k + bytes·Q²/(4(Q−1)) / β_ring
-//! gather               switch: α + bytes / β_egress; torus: (P−1)·α + bytes / β_ring
+//!                      (Q/2)·α + k·phase + bytes·Q²/(4(Q−1)) / β_ring
+//! gather               switch: α + k·phase + bytes / β_egress;
+//!                      torus: (P−1)·α + k·phase + bytes / β_ring
 //! ```
+//!
+//! where `k` is one kernel's launch cost (a model assumption) and the
+//! kernel counts ([`Kernels`]) are what XLA:TPU and XLA:GPU compiled of
+//! equarx's rewrites, counted in their compiled modules: every kernel a
+//! hop runs pays its launch, not one per hop.
 //!
 //! plus `C`, the quantize/dequantize work, bound by HBM bandwidth: every
 //! hop reads the received codes (1 B), the device's own part (its input
@@ -52,8 +58,11 @@ pub struct Topology {
     pub hbm_gbps: f64,
     /// Per-step latency of a collective hop (model assumption), µs.
     pub step_latency_us: f64,
-    /// Per-step launch cost of equarx's quantize/dequantize kernels, µs.
+    /// The launch cost of one kernel (model assumption), µs.
     pub kernel_latency_us: f64,
+    /// How many kernels equarx's rewrite runs there, as its compiler made
+    /// them.
+    pub kernels: Kernels,
     /// Per-iteration cost of a `while` loop (model assumption), µs.
     pub loop_step_us: f64,
     /// Whether the ring closes over a wraparound link.
@@ -63,6 +72,50 @@ pub struct Topology {
     /// Where the figures come from.
     pub source: &'static str,
 }
+
+/// The kernels a rewrite runs, per part of its plan, counted in what the
+/// backend's compiler made of equarx's rewrite of one 8 MiB bf16 psum
+/// (`bench/compile/compilers.py --programs psum --option algorithm=ring`
+/// and `=two-shot`, rotated, deviceless; BENCHMARKS.md, "Kernels per hop
+/// in the time model"): a fusion is one kernel, so is an op left unfused.
+/// A loop body's kernels run once per iteration.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Kernels {
+    /// Per hop of one ring lane: the loop body's kernels, its condition
+    /// included, over the lanes one iteration moves.
+    pub ring_hop: f64,
+    /// Once per ring phase, around the loop: the lanes cut and joined, the
+    /// rotation, the loop's set-up.
+    pub ring_phase: f64,
+    /// Per exchange, scatter or gather phase: its quantize, the
+    /// collective's relayouts and its dequantize(-accumulate); the
+    /// rotation of a plan without a ring is counted here too.
+    pub phase: f64,
+    /// Where the counts come from.
+    pub source: &'static str,
+}
+
+/// XLA:TPU (libtpu 0.0.42.1, v5e:2x2 and v5e:2x4, the door before XLA,
+/// which carries rotated plans): the ring's loop body is 33 kernels and
+/// its condition 1, for 2 lanes; 32 kernels outside the loop, the gather
+/// included; two-shot is 27 kernels in all.
+const TPU_KERNELS: Kernels = Kernels {
+    ring_hop: 17.0,
+    ring_phase: 18.5,
+    phase: 13.5,
+    source: "XLA:TPU (libtpu 0.0.42.1) compiled: 17 kernels per ring hop, 18.5 per ring phase, 13.5 per other phase",
+};
+
+/// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
+/// ring's loop body is 7 kernels and its condition 1, for 2 lanes; 10
+/// outside the loop, the gather included; two-shot is 9 in all (the plain
+/// psum is 1 kernel, not counted).
+const GPU_KERNELS: Kernels = Kernels {
+    ring_hop: 4.0,
+    ring_phase: 5.5,
+    phase: 4.5,
+    source: "XLA:GPU (jax-cuda12-plugin 0.10.2) compiled: 4 kernels per ring hop, 5.5 per ring phase, 4.5 per other phase",
+};
 
 /// The most chips a named slice may have: beyond any machine built, small
 /// enough that products of its dimensions cannot overflow.
@@ -162,6 +215,7 @@ fn tpu(name: &str, ici: f64, ports: u32, hbm: f64, source: &'static str) -> Topo
         hbm_gbps: hbm,
         step_latency_us: 2.0,
         kernel_latency_us: 1.0,
+        kernels: TPU_KERNELS,
         loop_step_us: 1.0,
         wraparound: true,
         slice: vec![],
@@ -177,6 +231,7 @@ fn gpu(name: &str, hbm: f64) -> Topology {
         hbm_gbps: hbm,
         step_latency_us: 5.0,
         kernel_latency_us: 3.0,
+        kernels: GPU_KERNELS,
         loop_step_us: 8.0,
         wraparound: true,
         slice: vec![],
@@ -269,7 +324,9 @@ pub fn baseline_collective_us(
 pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -> Prediction {
     let p = plan.group_size as f64;
     let alpha = t.step_latency_us;
-    let alpha_k = t.kernel_latency_us;
+    let launch = t.kernel_latency_us;
+    let kernels = t.kernels;
+    let lanes = plan.lanes.len().max(1) as f64;
     let ring_bw = t.ring_gbps(plan.config.bidirectional) * BYTES_PER_US_PER_GBPS;
     let loop_us = match plan.config.form {
         Form::Loop => t.loop_step_us,
@@ -290,21 +347,23 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
         match phase {
             Phase::Ring { axis } => {
                 let q = axis.size as f64;
-                comm += (q - 1.0) * (alpha + alpha_k + loop_us) + bytes / ring_bw;
+                comm += (q - 1.0) * (alpha + loop_us)
+                    + launch * (kernels.ring_phase + (q - 1.0) * lanes * kernels.ring_hop)
+                    + bytes / ring_bw;
                 hbm_bytes += (q - 1.0) * rows / q * c * (2.0 * cb + own_bytes + scales);
             }
             Phase::Exchange { axis } => {
                 let q = axis.size as f64;
-                comm += alpha_k + exchange_us(t, q, bytes);
+                comm += launch * kernels.phase + exchange_us(t, q, bytes);
                 hbm_bytes +=
                     rows * c * (own_bytes + cb + scales) + rows * c * cb + rows / q * c * 4.0;
             }
             Phase::Gather => {
-                comm += alpha_k + gather_us(t, p, bytes);
+                comm += launch * kernels.phase + gather_us(t, p, bytes);
                 hbm_bytes += c * (4.0 + cb) + p * c * (cb + elem_bytes);
             }
             Phase::Scatter => {
-                comm += alpha_k + exchange_us(t, p, bytes);
+                comm += launch * kernels.phase + exchange_us(t, p, bytes);
                 hbm_bytes += p * c * (own_bytes + cb + scales) + p * c * (cb + elem_bytes);
             }
         }
@@ -368,7 +427,7 @@ mod tests {
     #[test]
     fn large_payloads_approach_the_byte_ratio_and_small_ones_lose() {
         let t = Topology::parse("v5e").unwrap();
-        let big = predict(&t, &plan(8, 32 << 20, true), 64 << 20, 2.0);
+        let big = predict(&t, &plan(8, 256 << 20, true), 512 << 20, 2.0);
         assert!((1.7..1.95).contains(&big.speedup()), "{big:?}");
         let tiny = predict(&t, &plan(8, 1024, true), 2048, 2.0);
         assert!(tiny.speedup() < 1.0, "{tiny:?}");
@@ -377,8 +436,8 @@ mod tests {
     #[test]
     fn a_one_way_ring_needs_twice_the_bytes_to_pay_on_a_torus() {
         let t = Topology::parse("v5e").unwrap();
-        let one_way = predict(&t, &plan(8, 8 << 20, false), 16 << 20, 2.0);
-        let both = predict(&t, &plan(8, 8 << 20, true), 16 << 20, 2.0);
+        let one_way = predict(&t, &plan(8, 128 << 20, false), 256 << 20, 2.0);
+        let both = predict(&t, &plan(8, 128 << 20, true), 256 << 20, 2.0);
         assert!(
             both.speedup() > one_way.speedup() * 1.5,
             "{both:?} {one_way:?}"
@@ -389,7 +448,8 @@ mod tests {
     fn two_shot_wins_on_a_switch_and_loses_on_a_torus() {
         for (topology, two_shot_wins) in [("h100", true), ("v5e", false)] {
             let t = Topology::parse(topology).unwrap();
-            let n = 8 << 20;
+            // Large enough that the kernels' launches are a small part.
+            let n = 128 << 20;
             let ring = predict(&t, &plan(8, n, true), 2 * n as u64, 2.0);
             let two_shot = Plan::new(8, n, &config(Algorithm::TwoShot, true)).unwrap();
             let two_shot = predict(&t, &two_shot, 2 * n as u64, 2.0);
@@ -398,6 +458,39 @@ mod tests {
                 two_shot_wins,
                 "{topology}: ring {ring:?}, two-shot {two_shot:?}"
             );
+        }
+    }
+
+    #[test]
+    fn every_kernel_a_plan_runs_pays_its_launch() {
+        for topology in ["v5e", "h100"] {
+            let t = Topology::parse(topology).unwrap();
+            let free = Topology {
+                kernel_latency_us: 0.0,
+                ..t.clone()
+            };
+            for algorithm in [Algorithm::Ring, Algorithm::TwoShot] {
+                let p = Plan::new(8, 1 << 20, &config(algorithm, true)).unwrap();
+                let paid = predict(&t, &p, 2 << 20, 2.0).equarx_us
+                    - predict(&free, &p, 2 << 20, 2.0).equarx_us;
+                let k = t.kernels;
+                let kernels: f64 = p
+                    .phases
+                    .iter()
+                    .map(|phase| match phase {
+                        Phase::Ring { axis } => {
+                            k.ring_phase
+                                + (axis.size as f64 - 1.0) * p.lanes.len() as f64 * k.ring_hop
+                        }
+                        _ => k.phase,
+                    })
+                    .sum();
+                let want = t.kernel_latency_us * kernels;
+                assert!(
+                    want > 10.0 && (paid - want).abs() < 1e-6 * want,
+                    "{topology} {algorithm:?}: paid {paid} us, {kernels} kernels"
+                );
+            }
         }
     }
 
