@@ -61,9 +61,14 @@ pub fn run(a: ModelArgs) -> Result<()> {
         },
         topology.step_latency_us
     );
+    let k = topology.kernels;
     say!(
-        "kernels: {}; {} us each (assumption)",
-        topology.kernels.source,
+        "kernels: {}: {} kernels per ring hop, {} per ring phase, {} per other phase; {} us each \
+         (assumption)",
+        k.source,
+        k.ring_hop,
+        k.ring_phase,
+        k.phase,
         topology.kernel_latency_us
     );
     use Align::{Left, Right};

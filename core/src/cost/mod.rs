@@ -91,7 +91,7 @@ pub struct Kernels {
     /// collective's relayouts and its dequantize(-accumulate); the
     /// rotation of a plan without a ring is counted here too.
     pub phase: f64,
-    /// Where the counts come from.
+    /// Which compiler made the modules the counts come from.
     pub source: &'static str,
 }
 
@@ -103,7 +103,7 @@ const TPU_KERNELS: Kernels = Kernels {
     ring_hop: 17.0,
     ring_phase: 18.5,
     phase: 13.5,
-    source: "XLA:TPU (libtpu 0.0.42.1) compiled: 17 kernels per ring hop, 18.5 per ring phase, 13.5 per other phase",
+    source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
@@ -114,7 +114,7 @@ const GPU_KERNELS: Kernels = Kernels {
     ring_hop: 4.0,
     ring_phase: 5.5,
     phase: 4.5,
-    source: "XLA:GPU (jax-cuda12-plugin 0.10.2) compiled: 4 kernels per ring hop, 5.5 per ring phase, 4.5 per other phase",
+    source: "XLA:GPU (jax-cuda12-plugin 0.10.2) compiled",
 };
 
 /// The most chips a named slice may have: beyond any machine built, small
@@ -394,9 +394,8 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
         }
     }
     let compute = hbm_bytes / (t.hbm_gbps * BYTES_PER_US_PER_GBPS);
-    let chains = plan.lanes.len() as f64;
     let steps = plan.collective_steps().max(1) as f64;
-    let equarx_us = if chains >= 2.0 {
+    let equarx_us = if lanes >= 2.0 {
         comm.max(compute) + compute / steps
     } else {
         comm + compute
