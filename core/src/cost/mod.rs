@@ -96,23 +96,24 @@ pub struct Kernels {
 }
 
 /// XLA:TPU (libtpu 0.0.42.1, v5e:2x2 and v5e:2x4, the door before XLA,
-/// which carries rotated plans): the ring's loop body is 33 kernels and
-/// its condition 1, for 2 lanes; 32 kernels outside the loop, the gather
+/// which carries rotated plans): the ring's loop body is 31 kernels and
+/// its condition 1, for 2 lanes; 29 kernels outside the loop, the gather
 /// included; two-shot is 27 kernels in all.
 const TPU_KERNELS: Kernels = Kernels {
-    ring_hop: 17.0,
-    ring_phase: 18.5,
+    ring_hop: 16.0,
+    ring_phase: 15.5,
     phase: 13.5,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
-/// ring's loop body is 7 kernels and its condition 1, for 2 lanes; 10
+/// ring's loop body is 5 kernels and its condition 1, for 2 lanes (a
+/// quantize per lane, one add-and-absmax for both, the counter's 2); 11
 /// outside the loop, the gather included; two-shot is 9 in all (the plain
 /// psum is 1 kernel, not counted).
 const GPU_KERNELS: Kernels = Kernels {
-    ring_hop: 4.0,
-    ring_phase: 5.5,
+    ring_hop: 3.0,
+    ring_phase: 6.5,
     phase: 4.5,
     source: "XLA:GPU (jax-cuda12-plugin 0.10.2) compiled",
 };

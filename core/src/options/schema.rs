@@ -224,7 +224,7 @@ pub static OPTIONS: &[OptionSpec] = &[
                wraparound). The figures are a model.",
         why: "the machine the cost model predicts for: the pass rewrites an all-reduce only \
               where the model predicts a gain, launches of the kernels XLA compiles for it included \
-              (on v5e from about 34 MiB at P = 8, on h100 from about 40 MiB); also \
+              (on v5e from about 32 MiB at P = 8, on h100 from about 40 MiB); also \
               v6e, v5p, h100, h200, slices like `v5e:4x4`",
         unset: "",
         example: "h100",

@@ -34,9 +34,11 @@
 //! **Lanes.** A lane is an independent chain of ops over one contiguous
 //! sub-chunk of every chunk: `D` lanes per direction, twice that with a
 //! bidirectional ring (the second half of the lanes travels the other way).
-//! Lanes hold whole blocks, as evenly as possible (they differ by at most
-//! one block), so blocks never straddle lanes or chunks. Ring phases run
-//! one chain per lane; the exchange and the gather move a whole chunk.
+//! Lanes hold whole blocks, so blocks never straddle lanes or chunks; a
+//! ring's chunk is padded to a whole number of blocks per lane, so its
+//! lanes are one size (a hop's per-shape constants serve every lane).
+//! Ring phases run one chain per lane; the exchange and the gather move a
+//! whole chunk.
 //!
 //! **Messages.** One message per hop: the s8 codes followed by the scales,
 //! bit-cast to s8 (`len + (len/B)·scale_bytes` bytes).
@@ -440,6 +442,16 @@ impl Plan {
                 .div_ceil(p.checked_mul(b).ok_or(PlanError::TooLarge)?)
                 .max(1),
         };
+        // A ring's lanes split each chunk evenly: lanes of one size share
+        // every per-shape constant of a hop (half the broadcasts of two
+        // lanes that differ by a block), for at most a block of padding per
+        // lane.
+        let per_rank_blocks = match config.algorithm {
+            Algorithm::Ring | Algorithm::TwoLevel => {
+                per_rank_blocks.next_multiple_of(lane_count(per_rank_blocks, config))
+            }
+            Algorithm::TwoShot => per_rank_blocks,
+        };
         let chunk = per_rank_blocks.checked_mul(b).ok_or(PlanError::TooLarge)?;
         let padded = chunk.checked_mul(p).ok_or(PlanError::TooLarge)?;
         if i32::try_from(padded).is_err() {
@@ -703,19 +715,31 @@ impl Phase {
     }
 }
 
-/// Splits a chunk of `blocks` blocks into lanes: D per direction, never
-/// more lanes than blocks.
-fn lanes(blocks: usize, b: usize, config: &Config) -> Vec<Lane> {
-    let directions: &[i64] = if config.bidirectional && blocks >= 2 {
+/// The directions a chunk of `blocks` blocks travels: both where the ring
+/// is bidirectional and there are two blocks to split.
+fn directions(blocks: usize, config: &Config) -> &'static [i64] {
+    if config.bidirectional && blocks >= 2 {
         &[1, -1]
     } else {
         &[1]
-    };
-    let count = config
+    }
+}
+
+/// How many lanes a chunk of `blocks` blocks splits into: D per direction,
+/// never more than blocks.
+fn lane_count(blocks: usize, config: &Config) -> usize {
+    config
         .pipeline_depth
         .max(1)
-        .saturating_mul(directions.len())
-        .min(blocks);
+        .saturating_mul(directions(blocks, config).len())
+        .min(blocks)
+}
+
+/// Splits a chunk of `blocks` blocks into lanes: D per direction, never
+/// more lanes than blocks.
+fn lanes(blocks: usize, b: usize, config: &Config) -> Vec<Lane> {
+    let directions = directions(blocks, config);
+    let count = lane_count(blocks, config);
     let per_dir = count / directions.len();
     let mut lanes = Vec::with_capacity(count);
     let mut offset = 0;
@@ -782,15 +806,27 @@ mod tests {
             pipeline_depth: 2,
             ..config(Algorithm::Ring)
         };
-        // 10 000 elements over 8 ranks: 1250 each → 10 blocks of 128.
+        // 10 000 elements over 8 ranks: 1250 each → 10 blocks of 128,
+        // padded to 12 so that the 4 lanes are 3 blocks each.
         let plan = Plan::new(8, 10_000, &c).unwrap();
-        assert_eq!(plan.chunk, 1280);
-        assert_eq!(plan.padded(), 10_240);
+        assert_eq!(plan.chunk, 1536);
+        assert_eq!(plan.padded(), 12_288);
         let lens: Vec<usize> = plan.lanes.iter().map(|l| l.len).collect();
-        assert_eq!(lens, vec![384, 384, 256, 256]);
+        assert_eq!(lens, vec![384, 384, 384, 384]);
         let dirs: Vec<i64> = plan.lanes.iter().map(|l| l.dir).collect();
         assert_eq!(dirs, vec![1, 1, -1, -1]);
         assert_eq!(plan.lanes[3].offset + plan.lanes[3].len, plan.chunk);
+        // Two-shot runs no lanes: its chunk is the blocks, unpadded.
+        let two_shot = Plan::new(
+            8,
+            10_000,
+            &Config {
+                algorithm: Algorithm::TwoShot,
+                ..c
+            },
+        )
+        .unwrap();
+        assert_eq!(two_shot.chunk, 1280);
     }
 
     #[test]

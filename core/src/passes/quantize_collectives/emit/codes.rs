@@ -16,23 +16,40 @@ use crate::proto::precision_config::Precision;
 impl Emitter<'_, '_, '_> {
     /// f32 `[nb, B]` blocks → their [`Message`].
     pub(super) fn quantize(&mut self, blocks: &Value) -> Message {
-        let nb = self.dim(blocks, 0);
-        let bl = self.plan().block() as i64;
+        let largest = self.largest(blocks);
+        self.quantize_with(blocks, &largest)
+    }
+
+    /// The largest bits of |x| per block of f32 `[nb, B]` blocks, s32
+    /// `[nb]`, from the floor: what [`Self::quantize_with`] makes the
+    /// scale of.
+    pub(super) fn largest(&mut self, blocks: &Value) -> Value {
+        let (nb, bl) = (self.dim(blocks, 0), self.dim(blocks, 1));
         let format = self.plan().config.format;
-        // The block absmax, +Inf for a block that holds a NaN or an Inf (the
-        // numerics contract), by one integer reduction: the bits of |x|
-        // (the sign bit cleared) order as the magnitudes do, and every NaN's
-        // bits lie above +Inf's, so the largest bits, capped at +Inf's, are
-        // the absmax's. A float max may drop a NaN (XLA:CPU's vectorized one
-        // does), an integer max cannot, and it is exact in any order. The
-        // reduction starts from the floor (see `absmax_floor`).
+        // One integer reduction: the bits of |x| (the sign bit cleared)
+        // order as the magnitudes do, and every NaN's bits lie above +Inf's,
+        // so the largest bits, capped at +Inf's ([`Self::quantize_with`]),
+        // are the absmax's, +Inf for a block that holds a NaN or an Inf
+        // (the numerics contract). A float max may drop a NaN (XLA:CPU's
+        // vectorized one does), an integer max cannot, and it is exact in
+        // any order. The reduction starts from the floor (see
+        // `absmax_floor`).
         let floor = self.s32c(i64::from(absmax_floor(format).to_bits()));
         let bits = self.b.bitcast_convert(blocks, PrimitiveType::S32);
         let mask = self.splat(Const::S32(0x7fff_ffff), &[nb, bl]);
         let magnitude = self.b.binary(Opcode::And, &bits, &mask);
-        let largest = self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_s32);
+        self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_s32)
+    }
+
+    /// f32 `[nb, B]` blocks and their [`Self::largest`] bits → their
+    /// [`Message`].
+    pub(super) fn quantize_with(&mut self, blocks: &Value, largest: &Value) -> Message {
+        let nb = self.dim(blocks, 0);
+        let bl = self.plan().block() as i64;
+        let format = self.plan().config.format;
+        // The largest bits capped at +Inf's: the absmax.
         let inf = self.splat(Const::S32(f32::INFINITY.to_bits() as i32), &[nb]);
-        let capped = self.b.binary(Opcode::Minimum, &largest, &inf);
+        let capped = self.b.binary(Opcode::Minimum, largest, &inf);
         let absmax = self.b.bitcast_convert(&capped, PrimitiveType::F32);
         let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &[nb]);
         let raw = self.b.multiply(&absmax, &inv);
@@ -184,8 +201,15 @@ impl Emitter<'_, '_, '_> {
             ScaleType::F32 => 0,
             ScaleType::Bf16 => 16,
         };
-        let amounts: Vec<i32> = (0..width).map(|k| (first + 8 * k) as i32).collect();
-        let vector = self.s32_vector(&amounts);
+        let vector = match &self.shift_amounts {
+            Some(v) => v.clone(),
+            None => {
+                let amounts: Vec<i32> = (0..width).map(|k| (first + 8 * k) as i32).collect();
+                let v = self.s32_vector(&amounts);
+                self.shift_amounts = Some(v.clone());
+                v
+            }
+        };
         let v = self.b.broadcast(&vector, &[nb, width], &[1]);
         self.shifts.insert((nb, width), v.clone());
         v

@@ -12,13 +12,17 @@ impl Emitter<'_, '_, '_> {
     /// The owned chunk (f32 `[c/B, B]`) quantized once; every rank, the
     /// owner included, dequantizes all P chunks from the same codes, so
     /// every participant ends with bit-identical results. Returns f32
-    /// `[P·c/B, B]`.
-    pub(super) fn gather(&mut self, owned: &Value, rank: &Value) -> Value {
+    /// `[P·c/B, B]`. `largest`: the owned blocks' [`Self::largest`] bits,
+    /// where the phase before made them.
+    pub(super) fn gather(&mut self, owned: &Value, largest: Option<Value>, rank: &Value) -> Value {
         let plan = self.plan();
         let p = plan.group_size as i64;
         let blocks = self.blocks(owned);
         let blocks = self.f32(&blocks);
-        let message = self.quantize(&blocks);
+        let message = match largest {
+            Some(largest) => self.quantize_with(&blocks, &largest),
+            None => self.quantize(&blocks),
+        };
         let wire = self.wire(&message);
         let all = match plan.config.gather {
             // Gathered along its blocks: `[P·nb, ..]` in rank order.

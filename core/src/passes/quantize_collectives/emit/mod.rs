@@ -112,18 +112,22 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     // 3. The reduce phases, each leaving the device with its slice of what
     //    it held, summed over the phase's axis; the gather makes every
     //    chunk everybody's, the scatter every row its rank's.
+    //    A ring that the gather follows hands it the largest bits of the
+    //    blocks it leaves (its last hop computed them).
     let mut values = None;
-    for phase in &plan.phases {
+    let mut largest = None;
+    for (k, phase) in plan.phases.iter().enumerate() {
         match *phase {
             Phase::Ring { axis } => {
-                held = e.ring(&held, &rank, &axes, axis);
+                let gather_next = plan.phases.get(k + 1) == Some(&Phase::Gather);
+                (held, largest) = e.ring(&held, &rank, &axes, axis, gather_next);
                 axes.retain(|a| *a != axis);
             }
             Phase::Exchange { axis } => {
                 held = e.exchange(&held, &axes, axis);
                 axes.retain(|a| *a != axis);
             }
-            Phase::Gather => values = Some(e.gather(&held, &rank)),
+            Phase::Gather => values = Some(e.gather(&held, largest.take(), &rank)),
             Phase::Scatter => values = Some(e.scatter(&held)),
         }
     }
@@ -181,8 +185,10 @@ struct Emitter<'b, 'm, 'i> {
     /// axis (stride, size): everything a coordinate is computed from (the
     /// group size is the plan's, one per emitter).
     coordinates: HashMap<(InstrId, usize, usize), Value>,
-    /// [`Self::byte_shifts`], by (rows, bytes).
+    /// [`Self::byte_shifts`], by (rows, bytes), and the one vector of
+    /// amounts they broadcast (the scale's width is the plan's).
     shifts: HashMap<(i64, i64), Value>,
+    shift_amounts: Option<Value>,
     /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
     hadamard: Option<Value>,
     /// Values whose buffers belong to the operands (a payload that is only
@@ -205,6 +211,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             indices: HashMap::default(),
             coordinates: HashMap::default(),
             shifts: HashMap::default(),
+            shift_amounts: None,
             hadamard: None,
             borrowed: Vec::new(),
         }

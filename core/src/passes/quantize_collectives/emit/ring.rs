@@ -49,11 +49,13 @@ impl Emitter<'_, '_, '_> {
         self.f32(&part)
     }
 
-    /// One ring hop of every lane: send the partials on, add this device's
-    /// part of the slice they now hold.
+    /// One ring hop of every lane: send the partials on, each quantized
+    /// against its blocks' [`Self::largest`] bits (`lanes`: per lane, the
+    /// partial and its bits), and add this device's part of the slice they
+    /// now hold.
     pub(super) fn ring_step(
         &mut self,
-        partials: &[Value],
+        lanes: &[(&Value, &Value)],
         held: &Value,
         at: usize,
         a: &Value,
@@ -64,9 +66,9 @@ impl Emitter<'_, '_, '_> {
         let q = axis.size as i64;
         plan.lanes
             .iter()
-            .zip(partials)
-            .map(|(lane, part)| {
-                let message = self.quantize(part);
+            .zip(lanes)
+            .map(|(lane, &(part, top))| {
+                let message = self.quantize_with(part, top);
                 let wire = self.wire(&message);
                 let arrived = self.carry(&wire, 1, |e, sent| e.permute(sent, axis, lane.dir));
                 let received = self.unwire(&arrived);
@@ -78,19 +80,34 @@ impl Emitter<'_, '_, '_> {
             .collect()
     }
 
+    /// The [`Self::largest`] bits of each partial.
+    fn largest_of(&mut self, partials: &[Value]) -> Vec<Value> {
+        partials.iter().map(|p| self.largest(p)).collect()
+    }
+
     /// Reduce-scatter over `axis` round its ring. At step s, the device
     /// with coordinate a sends its partial sum of slice (a − dir·(s+1))
     /// mod Q to a + dir, which adds its own part of that slice. After Q−1
     /// steps the device holds slice a, summed over the axis. Returns what
-    /// the device now holds, f32 `[other axes.., c/B, B]`.
-    pub(super) fn ring(&mut self, held: &Value, rank: &Value, axes: &[Axis], axis: Axis) -> Value {
+    /// the device now holds, f32 `[other axes.., c/B, B]`, and, where
+    /// `keep_largest`, its blocks' [`Self::largest`] bits, s32 `[blocks]`
+    /// in the same order (the last hop made them; the gather that follows
+    /// quantizes against them).
+    pub(super) fn ring(
+        &mut self,
+        held: &Value,
+        rank: &Value,
+        axes: &[Axis],
+        axis: Axis,
+        keep_largest: bool,
+    ) -> (Value, Option<Value>) {
         let plan = self.plan();
         let Some(at) = axes.iter().position(|x| *x == axis) else {
             // Every ring phase's axis is one of the plan's, held until it
             // is reduced.
             self.b
                 .fail(format!("the ring's axis {axis:?} is not among those held"));
-            return held.clone();
+            return (held.clone(), None);
         };
         let a = self.coordinate(rank, axis);
         let q = axis.size as i64;
@@ -103,46 +120,87 @@ impl Emitter<'_, '_, '_> {
                 self.own_part(held, at, &index, lane)
             })
             .collect();
+        // Each hop's partials get their largest bits as soon as they are
+        // summed, where the next hop's quantize would otherwise reduce them
+        // again: in a loop that puts the reduction beside the add, which
+        // a compiler fuses into one kernel (XLA:GPU's multi-output fusion),
+        // instead of at the top of the next iteration.
+        let mut largest = self.largest_of(&partials);
         match plan.config.form {
             Form::Unrolled => {
                 for s in 0..q - 1 {
-                    partials = self.ring_step(&partials, held, at, &a, axis, &Step::At(s));
+                    let lanes: Vec<_> = partials.iter().zip(&largest).collect();
+                    partials = self.ring_step(&lanes, held, at, &a, axis, &Step::At(s));
+                    if s + 1 < q - 1 || keep_largest {
+                        largest = self.largest_of(&partials);
+                    }
                 }
             }
             Form::Loop => {
-                // State: (step, partials.., held, coordinate).
+                // State: (step, partials.., their largest bits.., held,
+                // coordinate).
+                let lanes = plan.lanes.len();
                 let mut state = partials.clone();
+                state.extend(largest.iter().cloned());
                 state.push(held.clone());
                 state.push(a.clone());
-                let lanes = plan.lanes.len();
                 let out = self.repeat("ring", q - 1, &state, |e, s, state| {
-                    let (held, a) = (&state[lanes], &state[lanes + 1]);
-                    let mut next = e.ring_step(&state[..lanes], held, at, a, axis, &Step::Next(s));
+                    let (held, a) = (&state[2 * lanes], &state[2 * lanes + 1]);
+                    let (parts, tops) = state[..2 * lanes].split_at(lanes);
+                    let lanes: Vec<_> = parts.iter().zip(tops).collect();
+                    let mut next = e.ring_step(&lanes, held, at, a, axis, &Step::Next(s));
+                    let tops = e.largest_of(&next);
+                    next.extend(tops);
                     next.extend([held.clone(), a.clone()]);
                     next
                 });
                 partials = out[..lanes].to_vec();
+                largest = out[lanes..2 * lanes].to_vec();
             }
         }
         // The lanes' partials side by side again: [rows, c/B, B]. With one
-        // row the lanes' blocks simply follow each other.
+        // row the lanes' blocks simply follow each other. Their largest bits
+        // join the same way, one per block.
         let bl = plan.block() as i64;
         let rows: i64 = held.dims().iter().rev().skip(2).product::<i64>() / q;
+        let joined = self.join_lanes(&partials, rows, |lane| vec![lane.len as i64 / bl, bl]);
+        let mut dims = held.dims().to_vec();
+        dims.remove(at);
+        let sum = self.b.reshape(&joined, &dims);
+        let largest = keep_largest.then(|| {
+            let joined = self.join_lanes(&largest, rows, |lane| vec![lane.len as i64 / bl]);
+            let blocks: i64 = dims[..dims.len() - 1].iter().product();
+            self.b.reshape(&joined, &[blocks])
+        });
+        (sum, largest)
+    }
+
+    /// One value per lane (`[rows·lane dims..]` each), joined lane after
+    /// lane within each of the `rows`: `[rows, Σ lane dims.., ..]`, or the
+    /// values one after the other where there is one row.
+    fn join_lanes(
+        &mut self,
+        parts: &[Value],
+        rows: i64,
+        lane_dims: impl Fn(&Lane) -> Vec<i64>,
+    ) -> Value {
+        let plan = self.plan();
         let pieces: Vec<Value> = if rows == 1 {
-            partials.clone()
+            parts.to_vec()
         } else {
             plan.lanes
                 .iter()
-                .zip(&partials)
-                .map(|(lane, p)| self.b.reshape(p, &[rows, lane.len as i64 / bl, bl]))
+                .zip(parts)
+                .map(|(lane, p)| {
+                    let mut dims = vec![rows];
+                    dims.extend(lane_dims(lane));
+                    self.b.reshape(p, &dims)
+                })
                 .collect()
         };
-        let joined = match pieces.len() {
+        match pieces.len() {
             1 => pieces[0].clone(),
             _ => self.b.concatenate(&pieces, i64::from(rows != 1)),
-        };
-        let mut dims = held.dims().to_vec();
-        dims.remove(at);
-        self.b.reshape(&joined, &dims)
+        }
     }
 }
