@@ -129,8 +129,8 @@ impl Emitter<'_, '_, '_> {
         match plan.config.form {
             Form::Unrolled => {
                 for s in 0..q - 1 {
-                    let lanes: Vec<_> = partials.iter().zip(&largest).collect();
-                    partials = self.ring_step(&lanes, held, at, &a, axis, &Step::At(s));
+                    let pairs: Vec<_> = partials.iter().zip(&largest).collect();
+                    partials = self.ring_step(&pairs, held, at, &a, axis, &Step::At(s));
                     if s + 1 < q - 1 || keep_largest {
                         largest = self.largest_of(&partials);
                     }
@@ -147,8 +147,8 @@ impl Emitter<'_, '_, '_> {
                 let out = self.repeat("ring", q - 1, &state, |e, s, state| {
                     let (held, a) = (&state[2 * lanes], &state[2 * lanes + 1]);
                     let (parts, tops) = state[..2 * lanes].split_at(lanes);
-                    let lanes: Vec<_> = parts.iter().zip(tops).collect();
-                    let mut next = e.ring_step(&lanes, held, at, a, axis, &Step::Next(s));
+                    let pairs: Vec<_> = parts.iter().zip(tops).collect();
+                    let mut next = e.ring_step(&pairs, held, at, a, axis, &Step::Next(s));
                     let tops = e.largest_of(&next);
                     next.extend(tops);
                     next.extend([held.clone(), a.clone()]);
@@ -161,39 +161,32 @@ impl Emitter<'_, '_, '_> {
         // The lanes' partials side by side again: [rows, c/B, B]. With one
         // row the lanes' blocks simply follow each other. Their largest bits
         // join the same way, one per block.
-        let bl = plan.block() as i64;
         let rows: i64 = held.dims().iter().rev().skip(2).product::<i64>() / q;
-        let joined = self.join_lanes(&partials, rows, |lane| vec![lane.len as i64 / bl, bl]);
+        let joined = self.join_lanes(&partials, rows);
         let mut dims = held.dims().to_vec();
         dims.remove(at);
         let sum = self.b.reshape(&joined, &dims);
         let largest = keep_largest.then(|| {
-            let joined = self.join_lanes(&largest, rows, |lane| vec![lane.len as i64 / bl]);
+            let joined = self.join_lanes(&largest, rows);
             let blocks: i64 = dims[..dims.len() - 1].iter().product();
             self.b.reshape(&joined, &[blocks])
         });
         (sum, largest)
     }
 
-    /// One value per lane (`[rows·lane dims..]` each), joined lane after
-    /// lane within each of the `rows`: `[rows, Σ lane dims.., ..]`, or the
+    /// One value per lane (`[rows·blocks, ..]` each), joined lane after
+    /// lane within each of the `rows`: `[rows, Σ blocks, ..]`, or the
     /// values one after the other where there is one row.
-    fn join_lanes(
-        &mut self,
-        parts: &[Value],
-        rows: i64,
-        lane_dims: impl Fn(&Lane) -> Vec<i64>,
-    ) -> Value {
-        let plan = self.plan();
+    fn join_lanes(&mut self, parts: &[Value], rows: i64) -> Value {
         let pieces: Vec<Value> = if rows == 1 {
             parts.to_vec()
         } else {
-            plan.lanes
+            parts
                 .iter()
-                .zip(parts)
-                .map(|(lane, p)| {
-                    let mut dims = vec![rows];
-                    dims.extend(lane_dims(lane));
+                .map(|p| {
+                    let mut dims = p.dims().to_vec();
+                    dims[0] /= rows;
+                    dims.insert(0, rows);
                     self.b.reshape(p, &dims)
                 })
                 .collect()
