@@ -54,7 +54,7 @@ pub fn run(a: RewriteArgs) -> Result<()> {
     )?;
     let to_stdout = a.output == Path::new("-");
     if a.report {
-        let table = tables::report(&result.report, result.stage);
+        let table = tables::report(&result.report, result.stage, result.platform);
         if to_stdout {
             eprint!("{table}")
         } else {
@@ -166,7 +166,7 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
                 let done = r.report.iter().filter(|o| o.rewritten).count();
                 say!("{name}: {done} of {} collectives rewritten", r.report.len());
                 if a.report {
-                    say_raw!("{}", tables::report(&r.report, r.stage));
+                    say_raw!("{}", tables::report(&r.report, r.stage, r.platform));
                 }
                 reports.insert(name, serde_json::to_value(&r.report)?);
                 rewritten += 1;

@@ -6,7 +6,7 @@ use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 
 use equarx::passes::quantize_collectives::report::PlanSummary;
 use equarx::plan::{Form, Rotation};
-use equarx::{OpReport, Stage};
+use equarx::{OpReport, Platform, Stage};
 
 /// How a column's cells line up.
 #[derive(Clone, Copy)]
@@ -50,8 +50,9 @@ impl Columns {
 }
 
 /// `--report`: every collective's decision, plan, bytes and predictions,
-/// and the pipeline stage the module was taken to be at.
-pub fn report(report: &[OpReport], stage: Stage) -> String {
+/// the pipeline stage the module was taken to be at and the backend the
+/// rewrite was emitted for.
+pub fn report(report: &[OpReport], stage: Stage, platform: Platform) -> String {
     use Align::{Left, Right};
     let mut t = Columns::new(&[
         ("collective", Left),
@@ -93,7 +94,8 @@ pub fn report(report: &[OpReport], stage: Stage) -> String {
     }
     let rewritten = report.iter().filter(|r| r.rewritten).count();
     format!(
-        "{}{rewritten} of {} collectives rewritten, the module taken to be {stage} (--stage); \
+        "{}{rewritten} of {} collectives rewritten, the module taken to be {stage} (--stage), \
+         emitted for {platform} (--platform); \
          rel.err: predicted on the data column's basis (prior: fitted to a real LLM's \
          all-reduce inputs; profile: this op's own, --profile; prior*: the profile holds \
          nothing for it, --report-json says why); model: the time model's \

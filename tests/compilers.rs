@@ -111,8 +111,13 @@ enum Want {
     /// (at XLA:TPU's hook, the defaults: unrotated there, an op whose
     /// unrotated plans miss the default error budget is left).
     RewrittenOr(&'static str),
-    /// Rewritten before XLA with this algorithm and rotation.
-    Plan(String, String),
+    /// Rewritten before XLA with this algorithm and rotation, for the
+    /// platform the program was lowered for.
+    Plan {
+        algorithm: String,
+        rotation: String,
+        platform: &'static str,
+    },
     /// A random module: at the hook it compiles exactly when the plain
     /// compile (the named job, equarx disabled) does, and what equarx
     /// rewrites carries quantized codes on the wire.
@@ -248,7 +253,11 @@ fn main() {
                             "options": {"min_payload_bytes": 0, "algorithm": algorithm,
                                         "rotation": rotation, "quant_format": format},
                         }),
-                        expect: Want::Plan(algorithm.to_string(), rotation.to_string()),
+                        expect: Want::Plan {
+                            algorithm: algorithm.to_string(),
+                            rotation: rotation.to_string(),
+                            platform: platform(topology),
+                        },
                     });
                 }
             }
@@ -519,15 +528,21 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
                 ));
             }
         }
-        Want::Plan(algorithm, rotation) => {
+        Want::Plan {
+            algorithm,
+            rotation,
+            platform,
+        } => {
             let planned = |r: &Value| {
                 r["plan"]["algorithm"] == json!(algorithm)
                     && r["plan"]["rotation"] == json!(rotation)
+                    && r["platform"] == json!(platform)
             };
             if report.len() != 1 || !planned(&report[0]) || !quantized {
                 return Err(format!(
-                    "{name}: expected the one psum rewritten as {algorithm}+{rotation} with quantized \
-                     codes on the wire; {}",
+                    "{name}: expected the one psum rewritten as {algorithm}+{rotation} for {platform} \
+                     (the door passes the platform it lowered for) with quantized codes on the \
+                     wire; {}",
                     summary()
                 ));
             }

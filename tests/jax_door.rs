@@ -278,4 +278,9 @@ fn the_readme_door_before_xla_runs() {
         "README.md's snippet failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("1 of 1 collectives rewritten"), "{stdout}");
+    // The door tells equarx which compiler it lowered for.
+    assert!(
+        stdout.contains("emitted for cpu (option platform)"),
+        "{stdout}"
+    );
 }

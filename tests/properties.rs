@@ -145,7 +145,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let summary = ar.plan.as_ref().expect("a plan summary");
     prop_assert_eq!(summary.lanes, plan.lanes.len());
     prop_assert_eq!(summary.collective_steps, plan.collective_steps());
-    // Collective ops written: a loop's body once, unrolled every step.
+    // Collective ops written: a loop's body once, unrolled every step; a
+    // collective per array of a message.
     let unrolled = c.options.unroll;
     let written: u64 = plan
         .phases
@@ -162,7 +163,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                 }
             },
         })
-        .sum();
+        .sum::<u64>()
+        * plan.config.wire.arrays() as u64;
     prop_assert_eq!(summary.collectives as u64, written);
     let trips = trip_counts(&r.module);
     let mut counted = 0u64;

@@ -24,8 +24,8 @@ pub mod verify;
 
 pub use ir::DeviceCounts;
 pub use options::{FuseMode, Options, RewriteOptions};
-pub use passes::Stage;
 pub use passes::quantize_collectives::report::OpReport;
+pub use passes::{Platform, Stage};
 pub use plan::{GatherForm, ScaleType};
 
 use passes::outline_fusions::OutlineFusions;
@@ -45,6 +45,9 @@ pub struct Rewritten {
     /// The stage in XLA's pipeline the module was taken to be at (the
     /// `stage` option, or detected).
     pub stage: Stage,
+    /// The XLA backend the rewrite was emitted for (the `platform` option,
+    /// or resolved from the stage and the topology).
+    pub platform: Platform,
     /// The device counts the module runs with: the module's, with the
     /// options' overrides (what a text output's header names).
     pub counts: DeviceCounts,
@@ -126,6 +129,7 @@ pub fn rewrite_with(
     let mut m = ir::Module::from_proto(module);
     let stage = options.pass.stage.unwrap_or_else(|| Stage::detect(&m));
     let mut quantize = QuantizeCollectives::new(options.pass.clone(), counts, stage);
+    let platform = quantize.platform();
     let mut widenings = RemoveDeadWidenings;
     let mut fusions = OutlineFusions {
         fuse: options.pass.fuse,
@@ -170,6 +174,7 @@ pub fn rewrite_with(
         report: quantize.into_report(),
         passes,
         stage,
+        platform,
         counts,
     })
 }

@@ -326,7 +326,8 @@ def enable(
     XLA:CPU's pre-scheduler stage XLA has fused the module, so
     ``fuse="auto"`` (the default) outlines equarx's ops into loop fusions of
     their own; XLA:GPU's hook sits before its fusion, which then fuses them,
-    and XLA:TPU's after its tiling, where nothing is outlined. They are
+    and XLA:TPU's after its tiling, where nothing is outlined. With one
+    platform and no ``platform`` option, equarx emits for that platform. They are
     checked now: invalid ones raise :class:`equarx.EquarxError` with
     equarx's message, and what was registered stays.
     Enabling again replaces the previous registration.
@@ -350,6 +351,8 @@ def enable(
     if platforms is None:
         platforms = [jax.default_backend()]
     platforms = [platforms] if isinstance(platforms, str) else list(platforms)
+    if len(platforms) == 1 and "platform" not in opts and _platform_of(platforms[0]):
+        opts["platform"] = _platform_of(platforms[0])
     pipeline_stage = _stage(stage)
     _install_cache_key_hook()
     library = _library_identity()
@@ -371,6 +374,14 @@ def enable(
         }
     )
     return Enabled(previous, enabled() or {})
+
+
+def _platform_of(name: str) -> str | None:
+    """equarx's ``platform`` option for a JAX platform or backend name
+    (``"cuda"`` and ``"rocm"`` are XLA:GPU), or ``None`` for one equarx
+    does not know (its ``auto`` then decides)."""
+    return {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}.get(
+        str(name).lower())
 
 
 def _activate(registration: dict[str, Any]) -> None:
@@ -537,7 +548,9 @@ def rewrite_lowered(lowered: Any, **pass_options: Any) -> Any:
     program's device count.
 
     Works on any backend, compile-only (deviceless) ones included; it needs
-    no registration, and the original ``lowered`` stays as it was.
+    no registration, and the original ``lowered`` stays as it was. The
+    ``platform`` option defaults to the backend ``lowered`` is for, so the
+    rewrite takes the forms that compiler compiles best.
     """
     import copy
 
@@ -555,6 +568,9 @@ def rewrite_lowered(lowered: Any, **pass_options: Any) -> Any:
     hlo = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False, return_tuple=False)
     opts = {"stage": "pre-fusion", "replica_count": 1,
             "num_partitions": lowering.compile_args.get("num_devices", 1)}
+    platform = _platform_of(getattr(lowering.compile_args.get("backend"), "platform", ""))
+    if platform:
+        opts["platform"] = platform
     opts.update(options(**pass_options))
     result = _native.rewrite(hlo.as_serialized_hlo_module_proto(), opts)
     with _lock:

@@ -118,7 +118,12 @@ def format_report(report: Iterable[Mapping[str, Any]]) -> str:
         )
         lines.append(" ".join(cells).rstrip() + "\n")
     rewritten = sum(1 for op in report if op["rewritten"])
-    stage = f", the module taken to be {report[0]['stage']} (option stage)" if report else ""
+    stage = (
+        f", the module taken to be {report[0]['stage']} (option stage), emitted for "
+        f"{report[0]['platform']} (option platform)"
+        if report
+        else ""
+    )
     lines.append(
         f"{rewritten} of {len(report)} collectives rewritten{stage}; rel.err: predicted "
         "on the data column's basis (prior: fitted to a real LLM's all-reduce inputs; "

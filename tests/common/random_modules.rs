@@ -16,7 +16,9 @@ use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
 use equarx::plan::{Algorithm, Rotation};
 use equarx::plan::{Plan, ring_wire_bytes};
 use equarx::proto::PrimitiveType;
-use equarx::{DeviceCounts, FuseMode, GatherForm, Options, RewriteOptions, ScaleType};
+use equarx::{
+    DeviceCounts, FuseMode, GatherForm, Options, Platform, RewriteOptions, ScaleType, Stage,
+};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -323,12 +325,20 @@ impl Case {
             bytes: payload,
             mantissa_bits: mantissa,
         };
+        // The pass resolves the platform before it chooses (the modules are
+        // before XLA's fusion).
+        let mut options = self.options.clone();
+        options.platform = Some(Platform::resolve(
+            options.platform,
+            Stage::PreFusion,
+            &options.topology,
+        ));
         let plan = choose_plan(
             p,
             &payload_of,
             true,
             equarx::numerics::error::Data::Prior,
-            &self.options,
+            &options,
         )
         .ok()?
         .plan;

@@ -263,6 +263,7 @@ impl<'m> Builder<'m> {
             PrimitiveType::S32 => lit.s32s = vec![0],
             PrimitiveType::U32 => lit.u32s = vec![0],
             PrimitiveType::S8 => lit.s8s = vec![0],
+            PrimitiveType::U16 => lit.u16s = vec![0, 0],
             PrimitiveType::Bf16 => lit.bf16s = vec![0, 0],
             PrimitiveType::F16 => lit.f16s = vec![0, 0],
             PrimitiveType::Pred => lit.preds = vec![false],

@@ -56,8 +56,10 @@ use serde_json::Value;
 use crate::cost::Topology;
 use crate::ir::DeviceCounts;
 use crate::numerics::profile::ProfileFile;
-use crate::passes::Stage;
-use crate::plan::{Algorithm, Config, Form, GatherForm, Grid, QuantFormat, Rotation, ScaleType};
+use crate::passes::{Platform, Stage};
+use crate::plan::{
+    Algorithm, Config, Form, GatherForm, Grid, QuantFormat, Rotation, ScaleType, Wire,
+};
 use crate::proto::PrimitiveType;
 
 crate::choice_enum! {
@@ -123,6 +125,9 @@ pub struct Options {
     /// Where in XLA's pipeline the module is; `None`: detected (a module
     /// that holds fusions is past XLA's fusion).
     pub stage: Option<Stage>,
+    /// The XLA backend that compiles the rewrite; `None`: from the stage,
+    /// else from the topology ([`Platform::resolve`]).
+    pub platform: Option<Platform>,
     /// A calibration profile: what each op's inputs measured; the error
     /// model predicts with it for the ops it holds, with the prior for the
     /// others.
@@ -152,6 +157,7 @@ impl Default for Options {
             },
             max_error_pct: None,
             stage: None,
+            platform: None,
             profile: None,
         }
     }
@@ -175,6 +181,10 @@ impl Options {
                 Form::Unrolled
             } else {
                 Form::Loop
+            },
+            wire: match self.platform {
+                Some(Platform::Tpu) => Wire::Split,
+                Some(Platform::Cpu | Platform::Gpu) | None => Wire::Packed,
             },
         }
     }
@@ -401,7 +411,7 @@ mod tests {
                 "scale_type": "f32", "gather": "permute", "fuse": "off",
                 "quant_format": "fp8-e4m3",
                 "algorithm": "two-shot", "rotation": "hadamard", "unroll": true, "max_error": 1.1,
-                "stage": "fused",
+                "stage": "fused", "platform": "gpu",
                 "profile": "{\"version\": 1, \"source\": \"an example\", \"equarx\": \"0.1.0\", \"ops\": []}",
                 "replica_count": 1, "num_partitions": 8, "disabled_passes": ["quantize-collectives"]}"#,
         )

@@ -9,7 +9,7 @@ use super::readers::{
 };
 use super::{FuseMode, MAX_BLOCK_SIZE, MAX_PIPELINE_DEPTH, RewriteOptions, parse_element_types};
 use crate::numerics::profile::ProfileFile;
-use crate::passes::Stage;
+use crate::passes::{Platform, Stage};
 use crate::plan::{Algorithm, GatherForm, QuantFormat, Rotation, ScaleType};
 
 /// Why `--fuse on` is refused: it outlined fusions into modules XLA had not
@@ -334,6 +334,30 @@ pub static OPTIONS: &[OptionSpec] = &[
             Ok(())
         },
         show: |o| Some(auto_name(o.pass.stage)),
+        check: any,
+    },
+    OptionSpec {
+        name: "platform",
+        aliases: &[],
+        syntax: Syntax::Choice(auto_names::<Platform>),
+        help: "The XLA backend that compiles the rewrite: cpu, gpu or tpu. The pass emits \
+               the same arithmetic in the form that compiler takes best (a message as one \
+               array for XLA:CPU and XLA:GPU; codes and scales apart for XLA:TPU); auto: tpu \
+               past a tiling assignment (--stage tiled), cpu past fusion (--stage fused), \
+               else the --topology's (v5e, v6e, v5p: tpu; h100, h200: gpu). The JAX door \
+               before XLA passes the platform it lowered for.",
+        why: "one array per message keeps XLA:CPU's collectives, and so its compile time, \
+              down, and XLA:GPU's launches; XLA:TPU relayouts rows of B + 2 bytes around \
+              every collective, so it gets the codes and the scales apart: one two-shot psum \
+              compiles to 18 kernels instead of 27 ([BENCHMARKS.md](../BENCHMARKS.md))",
+        unset: "",
+        example: "gpu",
+        refused: Some(("rocm", "\"rocm\" is not one of")),
+        set: |o, v| {
+            o.pass.platform = auto_choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(auto_name(o.pass.platform)),
         check: any,
     },
     OptionSpec {

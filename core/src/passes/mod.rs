@@ -22,6 +22,7 @@ pub mod remove_dead_widenings;
 
 use std::collections::BTreeSet;
 
+use crate::cost::Topology;
 use crate::ir::Module;
 use crate::ir::opcode::Opcode;
 use crate::verify::{VerifyError, verify};
@@ -80,6 +81,43 @@ impl Stage {
             Stage::Fused
         } else {
             Stage::PreFusion
+        }
+    }
+}
+
+crate::choice_enum! {
+    /// Which XLA backend compiles the rewrite. Where the compilers differ
+    /// in what they compile well, the pass emits each its own form of the
+    /// same arithmetic (measured in the real compilers, BENCHMARKS.md
+    /// "Codes and scales apart on XLA:TPU"): a message is one s8 array of
+    /// rows, a block's codes then its scale's bytes, for XLA:CPU (whose
+    /// compile time grows with the collectives in a module) and XLA:GPU
+    /// (one collective launch a step); XLA:TPU gets the codes and the
+    /// scales' bits as two arrays, a collective each, since rows of B + 2
+    /// bytes cost it relayout kernels around every collective.
+    pub enum Platform {
+        /// XLA:CPU.
+        Cpu = "cpu",
+        /// XLA:GPU.
+        Gpu = "gpu",
+        /// XLA:TPU (libtpu).
+        Tpu = "tpu",
+    }
+}
+
+impl Platform {
+    /// The platform the pass emits for: `given`, or the one the stage
+    /// shows (past a tiling assignment XLA:TPU, past fusion XLA:CPU, whose
+    /// hook sits there), or else the one of the topology the cost model
+    /// predicts for (a switched fabric is a GPU node; the others are TPU
+    /// slices).
+    pub fn resolve(given: Option<Platform>, stage: Stage, topology: &Topology) -> Platform {
+        match (given, stage) {
+            (Some(p), _) => p,
+            (None, Stage::Tiled) => Platform::Tpu,
+            (None, Stage::Fused) => Platform::Cpu,
+            (None, Stage::PreFusion) if topology.switched() => Platform::Gpu,
+            (None, Stage::PreFusion) => Platform::Tpu,
         }
     }
 }

@@ -75,6 +75,30 @@ impl ScaleType {
 }
 
 crate::choice_enum! {
+    /// How a message (a step's codes and scales) travels. The same bytes
+    /// either way; the compilers differ in which they compile well
+    /// ([`crate::passes::Platform`]).
+    pub enum Wire {
+        /// One s8 array of rows `[blocks, code bytes + scale bytes]`, one
+        /// collective per step.
+        Packed = "packed",
+        /// The codes `[blocks, code bytes]` and the scales' bits `[blocks]`
+        /// (u16 for bf16 scales, s32 for f32), a collective each.
+        Split = "split",
+    }
+}
+
+impl Wire {
+    /// The arrays a message travels as: a collective each, per step.
+    pub fn arrays(self) -> usize {
+        match self {
+            Wire::Packed => 1,
+            Wire::Split => 2,
+        }
+    }
+}
+
+crate::choice_enum! {
     /// What a code is: a small integer or an 8-bit float, times its block's
     /// scale.
     pub enum QuantFormat {
@@ -264,14 +288,15 @@ pub struct Config {
     pub bidirectional: bool,
     pub gather: GatherForm,
     pub form: Form,
+    pub wire: Wire,
 }
 
 impl Default for Config {
     /// The pass's defaults (the one place they are written;
     /// [`crate::options::Options`] takes its own from here): blocks of 64
     /// int8 codes with bf16 scales, one lane per direction of a
-    /// bidirectional ring, one all-gather, the loop form; a ring without
-    /// rotation (the pass picks those per op).
+    /// bidirectional ring, one all-gather, the loop form, a message one
+    /// array; a ring without rotation (the pass picks those per op).
     fn default() -> Self {
         Config {
             algorithm: Algorithm::Ring,
@@ -284,6 +309,7 @@ impl Default for Config {
             bidirectional: true,
             gather: GatherForm::AllGather,
             form: Form::Loop,
+            wire: Wire::Packed,
         }
     }
 }

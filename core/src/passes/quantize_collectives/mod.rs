@@ -51,7 +51,7 @@ use report::{Basis, OpReport, describe};
 use skip::SkipReason;
 use splice::{Reducers, splice};
 
-use super::{Pass, PassError, Stage};
+use super::{Pass, PassError, Platform, Stage};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
@@ -70,19 +70,29 @@ pub struct QuantizeCollectives {
     options: Options,
     counts: DeviceCounts,
     stage: Stage,
+    platform: Platform,
     report: Vec<OpReport>,
 }
 
 impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
-    /// module's device counts and its stage in XLA's pipeline.
-    pub fn new(options: Options, counts: DeviceCounts, stage: Stage) -> Self {
+    /// module's device counts and its stage in XLA's pipeline; the platform
+    /// the options leave to `auto` is resolved here, once.
+    pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
+        let platform = Platform::resolve(options.platform, stage, &options.topology);
+        options.platform = Some(platform);
         QuantizeCollectives {
             options,
             counts,
             stage,
+            platform,
             report: Vec::new(),
         }
+    }
+
+    /// The XLA backend the pass emits for.
+    pub fn platform(&self) -> Platform {
+        self.platform
     }
 
     pub fn report(&self) -> &[OpReport] {
@@ -197,7 +207,7 @@ impl QuantizeCollectives {
         let comp = module
             .computation(comp_id)
             .ok_or_else(|| PassError::Failed("computation vanished".into()))?;
-        let mut entry = OpReport::new(describe(comp, instr), self.stage);
+        let mut entry = OpReport::new(describe(comp, instr), self.stage, self.platform());
         // What is known of the op's data: its profile entry, or the prior.
         let (data, basis, said) = match self.options.profile.as_ref().map(|p| p.profile.find(key)) {
             Some(Ok(op)) => (

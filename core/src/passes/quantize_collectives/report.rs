@@ -9,7 +9,7 @@ use crate::cost::PredictedTime;
 use crate::ir::groups::{GroupMode, ReplicaGroups};
 use crate::ir::{Computation, InstrId, shape};
 use crate::numerics::error::{Data, predicted};
-use crate::passes::Stage;
+use crate::passes::{Platform, Stage};
 use crate::plan::{Config, Form, Plan, Rotation, baseline_wire_bytes};
 use crate::proto::HloInstructionProto;
 
@@ -42,6 +42,8 @@ pub struct OpReport {
     pub op: CollectiveOp,
     /// The pipeline stage the module was taken to be at.
     pub stage: Stage,
+    /// The XLA backend the rewrite was emitted for.
+    pub platform: Platform,
     pub rewritten: bool,
     /// Why it was skipped (or, when rewritten, notes such as a forced op).
     pub reason: Option<String>,
@@ -130,10 +132,11 @@ impl OpReport {
     }
 
     /// The entry of an op not decided yet.
-    pub fn new(op: CollectiveOp, stage: Stage) -> Self {
+    pub fn new(op: CollectiveOp, stage: Stage, platform: Platform) -> Self {
         OpReport {
             op,
             stage,
+            platform,
             rewritten: false,
             reason: None,
             wire_bytes_before: None,

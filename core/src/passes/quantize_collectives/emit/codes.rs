@@ -9,22 +9,23 @@ use crate::ir::opcode::Opcode;
 use crate::ir::shape;
 use crate::numerics::{absmax_floor, hadamard_norm, inv_qmax, scale_mantissa_bits};
 use crate::passes::Stage;
-use crate::plan::ScaleType;
+use crate::plan::{ScaleType, Wire};
 use crate::proto::PrimitiveType;
 use crate::proto::precision_config::Precision;
 
 impl Emitter<'_, '_, '_> {
-    /// f32 `[nb, B]` blocks → their [`Message`].
+    /// f32 blocks `[.., B]` (a block to a row of the last dimension) →
+    /// their [`Message`].
     pub(super) fn quantize(&mut self, blocks: &Value) -> Message {
         let largest = self.largest(blocks);
         self.quantize_with(blocks, &largest)
     }
 
-    /// The largest bits of |x| per block of f32 `[nb, B]` blocks, s32
-    /// `[nb]`, from the floor: what [`Self::quantize_with`] makes the
-    /// scale of.
+    /// The largest bits of |x| per block of f32 blocks `[.., B]`, s32
+    /// `[..]`, from the floor: what [`Self::quantize_with`] makes the scale
+    /// of.
     pub(super) fn largest(&mut self, blocks: &Value) -> Value {
-        let (nb, bl) = (self.dim(blocks, 0), self.dim(blocks, 1));
+        let dims = blocks.dims().to_vec();
         let format = self.plan().config.format;
         // One integer reduction: the bits of |x| (the sign bit cleared)
         // order as the magnitudes do, and every NaN's bits lie above +Inf's,
@@ -36,22 +37,24 @@ impl Emitter<'_, '_, '_> {
         // `absmax_floor`).
         let floor = self.s32c(i64::from(absmax_floor(format).to_bits()));
         let bits = self.b.bitcast_convert(blocks, PrimitiveType::S32);
-        let mask = self.splat(Const::S32(0x7fff_ffff), &[nb, bl]);
+        let mask = self.splat(Const::S32(0x7fff_ffff), &dims);
         let magnitude = self.b.binary(Opcode::And, &bits, &mask);
-        self.b.reduce(&magnitude, &floor, &[1], self.inputs.max_s32)
+        let last = dims.len() as i64 - 1;
+        self.b
+            .reduce(&magnitude, &floor, &[last], self.inputs.max_s32)
     }
 
-    /// f32 `[nb, B]` blocks and their [`Self::largest`] bits → their
-    /// [`Message`].
+    /// f32 blocks `[.., B]` and their [`Self::largest`] bits `[..]` →
+    /// their [`Message`].
     pub(super) fn quantize_with(&mut self, blocks: &Value, largest: &Value) -> Message {
-        let nb = self.dim(blocks, 0);
-        let bl = self.plan().block() as i64;
+        let dims = blocks.dims().to_vec();
+        let lead = &dims[..dims.len() - 1];
         let format = self.plan().config.format;
         // The largest bits capped at +Inf's: the absmax.
-        let inf = self.splat(Const::S32(f32::INFINITY.to_bits() as i32), &[nb]);
+        let inf = self.splat(Const::S32(f32::INFINITY.to_bits() as i32), lead);
         let capped = self.b.binary(Opcode::Minimum, largest, &inf);
         let absmax = self.b.bitcast_convert(&capped, PrimitiveType::F32);
-        let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &[nb]);
+        let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), lead);
         let raw = self.b.multiply(&absmax, &inv);
         // The scale that travels, kept in f32: codes are computed against
         // it, so codes and scale agree (see crate::numerics).
@@ -60,9 +63,9 @@ impl Emitter<'_, '_, '_> {
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
         // every backend and block count on the same arithmetic.
-        let ones = self.splat(Const::F32(1f32.to_bits()), &[nb]);
+        let ones = self.splat(Const::F32(1f32.to_bits()), lead);
         let recip = self.b.divide(&ones, &scale);
-        let recip = self.b.broadcast(&recip, &[nb, bl], &[0]);
+        let recip = self.b.broadcast(&recip, &dims, &lead_dims(&dims));
         let ratio = self.b.multiply(blocks, &recip);
         // Bounds shaped like the ratio, never scalars: XLA:GPU's
         // ReshapeMover (jaxlib 0.10.2) sinks a reshape through a clamp by
@@ -71,7 +74,7 @@ impl Emitter<'_, '_, '_> {
         // The lower bound is the upper one negated (exact): one constant and
         // one broadcast fewer, which keeps the worst rewrite within its
         // instruction budget (tests/pass_contract.rs).
-        let hi = self.splat(Const::F32(format.qmax().to_bits()), &[nb, bl]);
+        let hi = self.splat(Const::F32(format.qmax().to_bits()), &dims);
         let lo = self.b.unary(Opcode::Negate, &hi);
         let codes = match float_type(format) {
             // Integers: round to nearest even, clamp, s8 (int4: two to a
@@ -100,27 +103,43 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// A message as the one s8 array that travels, `[nb, code bytes +
-    /// scale bytes]`: a block's codes, then its scale's bits, little-endian,
-    /// in its own row. One collective per step carries it (a collective
-    /// per array made 1.4× the thunks of XLA:CPU's entry computation, which
-    /// it schedules pairwise). Only same-width
-    /// bitcasts, shifts and truncating converts: backends compile no
-    /// width-changing bitcast-convert this late.
-    pub(super) fn wire(&mut self, message: &Message) -> Value {
-        let nb = self.dim(&message.codes, 0);
-        let width = self.plan().scale_type().bytes() as i64;
+    /// A message as the arrays that travel ([`Wire`]): packed, one s8
+    /// array `[.., code bytes + scale bytes]` (a block's codes, then its
+    /// scale's bits, little-endian, in its own row); split, the codes
+    /// `[.., code bytes]` and the scales' bits `[..]` (u16 for bf16
+    /// scales, s32 for f32). Only same-width bitcasts, shifts and
+    /// truncating converts: backends compile no width-changing
+    /// bitcast-convert this late.
+    pub(super) fn wire(&mut self, message: &Message) -> Vec<Value> {
+        let lead = message.scales.dims().to_vec();
         let bits = self.b.bitcast_convert(&message.scales, PrimitiveType::S32);
-        let spread = self.b.broadcast(&bits, &[nb, width], &[0]);
-        let shifts = self.byte_shifts(nb, width);
+        if self.plan().config.wire == Wire::Split {
+            let bits = match self.plan().scale_type() {
+                ScaleType::F32 => bits,
+                ScaleType::Bf16 => {
+                    let sixteen = self.splat(Const::S32(16), &lead);
+                    let high = self.b.binary(Opcode::ShiftRightLogical, &bits, &sixteen);
+                    self.b.convert(&high, PrimitiveType::U16)
+                }
+            };
+            return vec![message.codes.clone(), bits];
+        }
+        let width = self.plan().scale_type().bytes() as i64;
+        let mut row = lead.clone();
+        row.push(width);
+        let spread = self.b.broadcast(&bits, &row, &lead_dims(&row));
+        let shifts = self.byte_shifts(&row);
         let shifted = self.b.binary(Opcode::ShiftRightLogical, &spread, &shifts);
         let bytes = self.b.convert(&shifted, PrimitiveType::S8);
-        self.b.concatenate(&[message.codes.clone(), bytes], 1)
+        vec![
+            self.b
+                .concatenate(&[message.codes.clone(), bytes], lead.len() as i64),
+        ]
     }
 
-    /// What a collective carries of a message's wire form (`[n, bytes]`): the
+    /// What a collective carries of an array of a message's wire form: the
     /// array itself, or, past XLA's fusion ([`Stage::Fused`], XLA:CPU's
-    /// hook), its flat bytes. XLA:CPU's code generator spends many times
+    /// hook), its flat elements. XLA:CPU's code generator spends many times
     /// longer on a fused kernel whose minor dimension is a message's row
     /// (B + 2 bytes) than on one over flat bytes (36 two-shot psums: 3.1 s
     /// of compile against 1.2 s); XLA:TPU, which sees the module before its
@@ -135,23 +154,29 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// `wire` (`[rows, bytes]`) through the one collective `send`, which
+    /// Each array of `wire` through a collective of its own, `send`, which
     /// carries what [`Self::on_wire`] makes of it and brings `ranks` times
-    /// as many bytes back: what arrived, `[ranks·rows, bytes]`.
+    /// as many bytes back: what arrived, each array's first dimension
+    /// `ranks` times as long.
     pub(super) fn carry(
         &mut self,
-        wire: &Value,
+        wire: &[Value],
         ranks: i64,
-        send: impl FnOnce(&mut Self, &Value) -> Value,
-    ) -> Value {
-        let (rows, width) = (self.dim(wire, 0), self.dim(wire, 1));
-        let sent = self.on_wire(wire);
-        let arrived = send(self, &sent);
-        self.b.reshape(&arrived, &[ranks * rows, width])
+        mut send: impl FnMut(&mut Self, &Value) -> Value,
+    ) -> Vec<Value> {
+        wire.iter()
+            .map(|array| {
+                let mut dims = array.dims().to_vec();
+                dims[0] *= ranks;
+                let sent = self.on_wire(array);
+                let arrived = send(self, &sent);
+                self.b.reshape(&arrived, &dims)
+            })
+            .collect()
     }
 
-    /// The inverse of [`Self::wire`]: each scale byte widened and shifted
-    /// into place, then or-ed with the others.
+    /// The inverse of [`Self::wire`]. Packed, each scale byte widened and
+    /// shifted into place, then or-ed with the others.
     ///
     /// Before a backend's tiling the bytes' columns are or-ed elementwise,
     /// so that the scales stay an elementwise function of the wire, which
@@ -161,29 +186,55 @@ impl Emitter<'_, '_, '_> {
     /// dequantize. Past XLA:TPU's fusion every op is a kernel anyway, and a
     /// reduction over the few bytes (the `or` reducer the stage has,
     /// `Reducers::add_to`) is the fewest ops.
-    pub(super) fn unwire(&mut self, wire: &Value) -> Message {
-        let (nb, all) = (self.dim(wire, 0), self.dim(wire, 1));
+    pub(super) fn unwire(&mut self, wire: &[Value]) -> Message {
+        if let [codes, bits] = wire {
+            let lead = bits.dims().to_vec();
+            let bits = match self.plan().scale_type() {
+                ScaleType::F32 => bits.clone(),
+                ScaleType::Bf16 => {
+                    let wide = self.b.convert(bits, PrimitiveType::S32);
+                    let sixteen = self.splat(Const::S32(16), &lead);
+                    self.b.binary(Opcode::ShiftLeft, &wide, &sixteen)
+                }
+            };
+            let scales = self.b.bitcast_convert(&bits, PrimitiveType::F32);
+            return Message {
+                codes: codes.clone(),
+                scales,
+            };
+        }
+        let wire = &wire[0];
+        let dims = wire.dims().to_vec();
+        let k = dims.len() - 1;
         let width = self.plan().scale_type().bytes() as i64;
-        let codes = self.b.slice(wire, &[0, 0], &[nb, all - width]);
-        let bytes = self.b.slice(wire, &[0, all - width], &[nb, all]);
+        let (mut codes_end, mut bytes_start) = (dims.clone(), vec![0; dims.len()]);
+        (codes_end[k], bytes_start[k]) = (dims[k] - width, dims[k] - width);
+        let codes = self.b.slice(wire, &vec![0; dims.len()], &codes_end);
+        let bytes = self.b.slice(wire, &bytes_start, &dims);
         // Bytes as u8, so that widening them fills with zeros.
         let bytes = self.b.bitcast_convert(&bytes, PrimitiveType::U8);
         let unsigned = self.b.convert(&bytes, PrimitiveType::S32);
-        let shifts = self.byte_shifts(nb, width);
+        let row = bytes.dims().to_vec();
+        let shifts = self.byte_shifts(&row);
         let placed = self.b.binary(Opcode::ShiftLeft, &unsigned, &shifts);
+        let lead = &dims[..k];
         let bits = match self.inputs.or_s32 {
             Some(or) => {
                 let zero = self.s32c(0);
-                self.b.reduce(&placed, &zero, &[1], or)
+                self.b.reduce(&placed, &zero, &[k as i64], or)
             }
             None => {
                 let columns: Vec<Value> = (0..width)
-                    .map(|k| self.b.slice(&placed, &[0, k], &[nb, k + 1]))
+                    .map(|c| {
+                        let (mut start, mut end) = (vec![0; row.len()], row.clone());
+                        (start[k], end[k]) = (c, c + 1);
+                        self.b.slice(&placed, &start, &end)
+                    })
                     .collect();
                 let ored = columns[1..].iter().fold(columns[0].clone(), |acc, c| {
                     self.b.binary(Opcode::Or, &acc, c)
                 });
-                self.b.reshape(&ored, &[nb])
+                self.b.reshape(&ored, lead)
             }
         };
         let scales = self.b.bitcast_convert(&bits, PrimitiveType::F32);
@@ -191,12 +242,13 @@ impl Emitter<'_, '_, '_> {
     }
 
     /// The right shifts that bring each wire byte of a scale's f32 bits to
-    /// the bottom, `[nb, width]` s32: 0, 8, 16, 24 for f32 scales; 16, 24
-    /// for bf16 ones (the high half of their f32 bits).
-    fn byte_shifts(&mut self, nb: i64, width: i64) -> Value {
-        if let Some(v) = self.shifts.get(&(nb, width)) {
+    /// the bottom, shaped `row` (`[.., width]`, s32): 0, 8, 16, 24 for f32
+    /// scales; 16, 24 for bf16 ones (the high half of their f32 bits).
+    fn byte_shifts(&mut self, row: &[i64]) -> Value {
+        if let Some(v) = self.shifts.get(row) {
             return v.clone();
         }
+        let width = row[row.len() - 1];
         let first = match self.plan().scale_type() {
             ScaleType::F32 => 0,
             ScaleType::Bf16 => 16,
@@ -210,38 +262,52 @@ impl Emitter<'_, '_, '_> {
                 v
             }
         };
-        let v = self.b.broadcast(&vector, &[nb, width], &[1]);
-        self.shifts.insert((nb, width), v.clone());
+        let v = self.b.broadcast(&vector, row, &[row.len() as i64 - 1]);
+        self.shifts.insert(row.to_vec(), v.clone());
         v
     }
 
-    /// s8 `[nb, B]` codes in [-7, 7] → s8 `[nb, B/2]`, two to a byte: code
+    /// s8 codes `[.., B]` in [-7, 7] → s8 `[.., B/2]`, two to a byte: code
     /// 2k in the low nibble, code 2k+1 in the high one.
     pub(super) fn pack_int4(&mut self, codes: &Value) -> Value {
-        let (nb, bl) = (self.dim(codes, 0), self.dim(codes, 1));
-        let pairs = self.b.reshape(codes, &[nb, bl / 2, 2]);
-        let low = self.b.slice(&pairs, &[0, 0, 0], &[nb, bl / 2, 1]);
-        let high = self.b.slice(&pairs, &[0, 0, 1], &[nb, bl / 2, 2]);
-        let mask = self.splat(Const::S8(0x0f), &[nb, bl / 2, 1]);
-        let four = self.splat(Const::S8(4), &[nb, bl / 2, 1]);
+        let mut half = codes.dims().to_vec();
+        if let Some(last) = half.last_mut() {
+            *last /= 2;
+        }
+        let mut pairs = half.clone();
+        pairs.push(2);
+        let view = self.b.reshape(codes, &pairs);
+        let k = pairs.len() - 1;
+        let (mut low_end, mut high_start) = (pairs.clone(), vec![0; pairs.len()]);
+        (low_end[k], high_start[k]) = (1, 1);
+        let low = self.b.slice(&view, &vec![0; pairs.len()], &low_end);
+        let high = self.b.slice(&view, &high_start, &pairs);
+        let mask = self.splat(Const::S8(0x0f), &low_end);
+        let four = self.splat(Const::S8(4), &low_end);
         let low = self.b.binary(Opcode::And, &low, &mask);
         let high = self.b.binary(Opcode::ShiftLeft, &high, &four);
         let byte = self.b.binary(Opcode::Or, &low, &high);
-        self.b.reshape(&byte, &[nb, bl / 2])
+        self.b.reshape(&byte, &half)
     }
 
-    /// The inverse of [`Self::pack_int4`]: s8 `[nb, B/2]` → s8 `[nb, B]`,
+    /// The inverse of [`Self::pack_int4`]: s8 `[.., B/2]` → s8 `[.., B]`,
     /// each nibble sign-extended by arithmetic shifts.
     pub(super) fn unpack_int4(&mut self, bytes: &Value) -> Value {
-        let (nb, half) = (self.dim(bytes, 0), self.dim(bytes, 1));
-        let four = self.splat(Const::S8(4), &[nb, half]);
+        let dims = bytes.dims().to_vec();
+        let four = self.splat(Const::S8(4), &dims);
         let up = self.b.binary(Opcode::ShiftLeft, bytes, &four);
         let low = self.b.binary(Opcode::ShiftRightArithmetic, &up, &four);
         let high = self.b.binary(Opcode::ShiftRightArithmetic, bytes, &four);
-        let low = self.b.reshape(&low, &[nb, half, 1]);
-        let high = self.b.reshape(&high, &[nb, half, 1]);
-        let pairs = self.b.concatenate(&[low, high], 2);
-        self.b.reshape(&pairs, &[nb, 2 * half])
+        let mut pair = dims.clone();
+        pair.push(1);
+        let low = self.b.reshape(&low, &pair);
+        let high = self.b.reshape(&high, &pair);
+        let pairs = self.b.concatenate(&[low, high], dims.len() as i64);
+        let mut whole = dims;
+        if let Some(last) = whole.last_mut() {
+            *last *= 2;
+        }
+        self.b.reshape(&pairs, &whole)
     }
 
     /// The codes of a message (s8 `[nb, code bytes]`) as the f32 values
@@ -261,30 +327,44 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// A message → f32 `[nb, B]` values.
+    /// A message (codes `[.., code bytes]`, scales `[..]`) → f32 `[.., B]`
+    /// values.
     pub(super) fn dequantize(&mut self, message: &Message) -> Value {
-        let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
         let codes = self.code_values(&message.codes);
-        let scale = self.b.broadcast(&message.scales, &[nb, bl], &[0]);
+        let dims = codes.dims().to_vec();
+        let lead: Vec<i64> = (0..dims.len() as i64 - 1).collect();
+        let scale = self.b.broadcast(&message.scales, &dims, &lead);
         self.b.multiply(&codes, &scale)
     }
 
     /// Messages of rotated blocks → the values rotated back:
     /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
     pub(super) fn dequantize_rotated(&mut self, message: &Message) -> Value {
-        let (nb, bl) = (self.dim(&message.codes, 0), self.plan().block() as i64);
         let codes = self.code_values(&message.codes);
+        let dims = codes.dims().to_vec();
+        let lead = dims[..dims.len() - 1].to_vec();
+        let bl = self.plan().block();
         let scale = message.scales.clone();
         let h = self.hadamard();
-        let turned = self.b.dot(&codes, &h, 1, 0, Precision::Default);
+        // The product over the blocks as rows of a matrix: XLA:GPU's dot
+        // emitter takes one non-contracting dimension a side.
+        let rows = self.blocks(&codes);
+        let turned = self.b.dot(&rows, &h, 1, 0, Precision::Default);
+        let turned = self.b.reshape(&turned, &dims);
         // The norm scales the scale, or is in the matrix already.
         let scale = if self.norm_folded() {
             scale
         } else {
-            let norm = self.splat(Const::F32(hadamard_norm(bl as usize).to_bits()), &[nb]);
+            let norm = self.splat(Const::F32(hadamard_norm(bl).to_bits()), &lead);
             self.b.multiply(&scale, &norm)
         };
-        let scale = self.b.broadcast(&scale, &[nb, bl], &[0]);
+        let scale = self.b.broadcast(&scale, &dims, &lead_dims(&dims));
         self.b.multiply(&turned, &scale)
     }
+}
+
+/// The dimensions of `dims` but its last, in order: how a value per block
+/// broadcasts over its block.
+fn lead_dims(dims: &[i64]) -> Vec<i64> {
+    (0..dims.len() as i64 - 1).collect()
 }

@@ -26,17 +26,17 @@ impl Emitter<'_, '_, '_> {
         let (p, bl) = (plan.group_size as i64, plan.block() as i64);
         let nb = plan.chunk as i64 / bl;
         let received = self.send_rows(held);
-        // Rank k's part is rows k·nb.. of the blocks: the halves are runs
-        // of whole rows, and every array stays two-dimensional.
+        // Rank k's part is [k] of [P, nb, B]: the halves are runs along the
+        // major dimension, which no backend's tiling splits.
         let mut rows = self.dequantize(&received);
         let mut n = p;
         while n > 1 {
             let h = n / 2;
-            let left = self.b.slice(&rows, &[0, 0], &[h * nb, bl]);
-            let right = self.b.slice(&rows, &[h * nb, 0], &[2 * h * nb, bl]);
+            let left = self.b.slice(&rows, &[0, 0, 0], &[h, nb, bl]);
+            let right = self.b.slice(&rows, &[h, 0, 0], &[2 * h, nb, bl]);
             let mut sum = self.b.binary(Opcode::Add, &left, &right);
             if n % 2 == 1 {
-                let carry = self.b.slice(&rows, &[2 * h * nb, 0], &[n * nb, bl]);
+                let carry = self.b.slice(&rows, &[2 * h, 0, 0], &[n, nb, bl]);
                 sum = self.b.concatenate(&[sum, carry], 0);
             }
             rows = sum;
@@ -45,8 +45,9 @@ impl Emitter<'_, '_, '_> {
         self.b.reshape(&rows, &[nb, bl])
     }
 
-    /// Every row of `held` (`[P, c/B, B]`) quantized once, row k sent to rank k;
-    /// returns what arrives, row k from rank k: the message of `P·blocks`.
+    /// Every row of `held` (`[P, c/B, B]`) quantized once, row k sent to
+    /// rank k; returns what arrives, row k from rank k: the message of
+    /// `[P, c/B]` blocks.
     pub(super) fn send_rows(&mut self, held: &Value) -> Message {
         let plan = self.plan();
         let (p, c, bl) = (
@@ -54,8 +55,7 @@ impl Emitter<'_, '_, '_> {
             plan.chunk as i64,
             plan.block() as i64,
         );
-        let nb = c / bl;
-        let blocks = self.b.reshape(held, &[p * nb, bl]);
+        let blocks = self.b.reshape(held, &[p, c / bl, bl]);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
         let wire = self.wire(&message);
@@ -63,8 +63,9 @@ impl Emitter<'_, '_, '_> {
         self.unwire(&arrived)
     }
 
-    /// `array`'s P equal parts along its first dimension, part k sent to
-    /// rank k: what arrives, in `array`'s shape, part k from rank k.
+    /// `array`'s P equal parts along its first dimension (`[P, ..]`, or
+    /// flat), part k sent to rank k: what arrives, in `array`'s shape, part
+    /// k from rank k.
     fn all_to_all_rows(&mut self, array: &Value, p: i64) -> Value {
         let parts = self.inputs.participants;
         let channel = match parts.space {
@@ -93,15 +94,18 @@ impl Emitter<'_, '_, '_> {
             let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
             return self.b.concatenate(&got, 0);
         }
-        // Before fusion (XLA:GPU's hook, the door before XLA): split along
-        // the major dimension, the array form XLA lays out and runs without
-        // decomposing it first (the hook comes after XLA's all-to-all
-        // decomposer), rank 3 (XLA:TPU runs no array all-to-all of rank 2),
-        // the blocks' rows kept.
-        let mut split = dims.clone();
-        split[0] = rows;
-        split.insert(0, p);
-        let view = self.b.reshape(array, &split);
+        // Before fusion (XLA:GPU's hook, the door before XLA): the array
+        // form, split along the major dimension, which XLA lays out and
+        // runs without decomposing it first (the hook comes after XLA's
+        // all-to-all decomposer), the blocks' rows kept. XLA:TPU runs no
+        // array all-to-all of rank 2: a message's scales (`[P, n]`) travel
+        // as `[P, n/128, 128]`, rows of its lanes, or as `[P, 1, n]`.
+        let view = match dims[..] {
+            [_, n] if n % 128 == 0 => vec![p, n / 128, 128],
+            [_, n] => vec![p, 1, n],
+            _ => dims.clone(),
+        };
+        let view = self.b.reshape(array, &view);
         let got = self.b.all_to_all(&view, 0, &groups, channel);
         self.b.reshape(&got, &dims)
     }

@@ -29,12 +29,10 @@ impl Emitter<'_, '_, '_> {
             GatherForm::AllGather => {
                 let parts = self.inputs.participants;
                 let groups = parts.groups.clone();
-                let (channel, global) = match parts.space {
-                    IdSpace::Partition => (Some(self.b.fresh_channel_id()), true),
-                    IdSpace::Replica => (None, false),
-                };
+                let partitions = parts.space == IdSpace::Partition;
                 self.carry(&wire, p, |e, sent| {
-                    e.b.all_gather(sent, 0, &groups, channel, global)
+                    let channel = partitions.then(|| e.b.fresh_channel_id());
+                    e.b.all_gather(sent, 0, &groups, channel, partitions)
                 })
             }
             GatherForm::Permute => self.relay(&wire, rank),
@@ -46,38 +44,45 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// Every rank's message (`[nb, bytes]`), stacked in rank order
-    /// (`[P·nb, bytes]`), by P−1 relays round the ring; with two directions,
-    /// the first half of the blocks travels one way and the rest the other.
-    fn relay(&mut self, wire: &Value, rank: &Value) -> Value {
+    /// Every rank's message (each array `[nb, ..]`), stacked in rank order
+    /// (`[P·nb, ..]`), by P−1 relays round the ring; with two
+    /// directions, the first half of the blocks travels one way and the rest
+    /// the other.
+    fn relay(&mut self, wire: &[Value], rank: &Value) -> Vec<Value> {
         let plan = self.plan();
         let p = plan.group_size as i64;
-        let (nb, width) = (self.dim(wire, 0), self.dim(wire, 1));
+        let nb = self.dim(&wire[0], 0);
         let halves: Vec<(i64, i64, i64)> = match plan.relay_directions()[..] {
             [first, second] => vec![(first, 0, nb / 2), (second, nb / 2, nb)],
             [first, ..] => vec![(first, 0, nb)],
             [] => vec![(1, 0, nb)],
         };
-        // A stream per direction: its direction and the shape of its part
-        // as it travels ([`Self::on_wire`]: rows of blocks, or flat bytes);
-        // in the state, the part travelling and the rows so far (`[P,
-        // part..]`), stream after stream.
+        // A stream per direction and array: its direction and the shape of
+        // its part as it travels ([`Self::on_wire`]: rows of blocks, or flat
+        // bytes); in the state, the part travelling and the rows so far
+        // (`[P, part..]`), stream after stream.
         let mut streams = Vec::new();
         let mut state = Vec::new();
         for &(dir, lo, hi) in &halves {
-            let part = self.b.slice(wire, &[lo, 0], &[hi, width]);
-            let part = self.on_wire(&part);
-            let mut dims = part.dims().to_vec();
-            dims.insert(0, 1);
-            let row = self.b.reshape(&part, &dims);
-            let zero = self.b.zero(PrimitiveType::S8);
-            dims[0] = p;
-            let empty = self.b.broadcast(&zero, &dims, &[]);
-            let mut at = vec![self.s32c(0); dims.len()];
-            at[0] = rank.clone();
-            let rows = self.b.dynamic_update_slice(&empty, &row, &at);
-            streams.push((dir, part.dims().to_vec()));
-            state.extend([part, rows]);
+            for array in wire {
+                let dims = array.dims().to_vec();
+                let (mut start, mut end) = (vec![0; dims.len()], dims);
+                (start[0], end[0]) = (lo, hi);
+                let part = self.b.slice(array, &start, &end);
+                let part = self.on_wire(&part);
+                let mut dims = part.dims().to_vec();
+                dims.insert(0, 1);
+                let row = self.b.reshape(&part, &dims);
+                let ty = PrimitiveType::try_from(part.element_type()).unwrap_or(PrimitiveType::S8);
+                let zero = self.b.zero(ty);
+                dims[0] = p;
+                let empty = self.b.broadcast(&zero, &dims, &[]);
+                let mut at = vec![self.s32c(0); dims.len()];
+                at[0] = rank.clone();
+                let rows = self.b.dynamic_update_slice(&empty, &row, &at);
+                streams.push((dir, part.dims().to_vec()));
+                state.extend([part, rows]);
+            }
         }
         let out = match plan.config.form {
             Form::Unrolled => {
@@ -98,15 +103,22 @@ impl Emitter<'_, '_, '_> {
                 out
             }
         };
-        // The directions' rows side by side (each rank's blocks in order),
-        // then rank after rank.
+        // Per array, the directions' rows side by side (each rank's blocks
+        // in order), then rank after rank.
         let rows: Vec<Value> = out.iter().skip(1).step_by(2).cloned().collect();
-        let all = if rows.len() == 1 {
-            rows[0].clone()
-        } else {
-            self.b.concatenate(&rows, 1)
-        };
-        self.b.reshape(&all, &[p * nb, width])
+        wire.iter()
+            .enumerate()
+            .map(|(k, array)| {
+                let mine: Vec<Value> = rows.iter().skip(k).step_by(wire.len()).cloned().collect();
+                let all = match &mine[..] {
+                    [one] => one.clone(),
+                    _ => self.b.concatenate(&mine, 1),
+                };
+                let mut dims = array.dims().to_vec();
+                dims[0] *= p;
+                self.b.reshape(&all, &dims)
+            })
+            .collect()
     }
 
     /// One relay of every direction: pass the travelling part on, and file

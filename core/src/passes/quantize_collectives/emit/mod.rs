@@ -11,10 +11,12 @@
 //!
 //! The quantize and dequantize steps implement the contract in
 //! [`crate::numerics`] op for op. A [`Message`] is the blocks' codes (s8,
-//! a block to a row) and their scales; it travels as one s8 array,
-//! each block's row its codes then its scale's bytes (`[nb, B + 2]` for
-//! bf16 scales), one collective per step; past XLA's fusion the collective
-//! carries the array's flat bytes instead ([`Emitter::on_wire`]).
+//! a block to a row) and their scales. It travels as the plan's
+//! [`crate::plan::Wire`] says: one s8 array, each block's row its codes
+//! then its scale's bytes (`[nb, B + 2]` for bf16 scales), one collective
+//! per step (XLA:CPU, XLA:GPU); or the codes and the scales' bits apart, a
+//! collective each (XLA:TPU). Past XLA's fusion a collective carries an
+//! array's flat elements instead ([`Emitter::on_wire`]).
 //!
 //! Every array the steps read and write keeps the blocks as its rows
 //! (`[.., blocks, B]`; a chunk is a run of whole blocks): a backend that
@@ -145,13 +147,13 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     }
 }
 
-/// Quantized blocks: their codes and their scales (they travel as one
-/// array, [`Emitter::wire`]).
+/// Quantized blocks: their codes and their scales (they travel as
+/// [`Emitter::wire`] makes them).
 struct Message {
-    /// s8 `[nb, code bytes]` (code bytes: B, or B/2 for int4; fp8 codes
+    /// s8 `[.., code bytes]` (code bytes: B, or B/2 for int4; fp8 codes
     /// bit-cast to s8).
     codes: Value,
-    /// f32 `[nb]`: the scales (bf16 values for bf16 scales).
+    /// f32 `[..]`, one per block: the scales (bf16 values for bf16 scales).
     scales: Value,
 }
 
@@ -185,9 +187,9 @@ struct Emitter<'b, 'm, 'i> {
     /// axis (stride, size): everything a coordinate is computed from (the
     /// group size is the plan's, one per emitter).
     coordinates: HashMap<(InstrId, usize, usize), Value>,
-    /// [`Self::byte_shifts`], by (rows, bytes), and the one vector of
+    /// [`Self::byte_shifts`], by their dimensions, and the one vector of
     /// amounts they broadcast (the scale's width is the plan's).
-    shifts: HashMap<(i64, i64), Value>,
+    shifts: HashMap<Vec<i64>, Value>,
     shift_amounts: Option<Value>,
     /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
     hadamard: Option<Value>,
