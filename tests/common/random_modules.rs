@@ -325,23 +325,20 @@ impl Case {
             bytes: payload,
             mantissa_bits: mantissa,
         };
-        // The pass resolves the platform before it chooses (the modules are
-        // before XLA's fusion).
-        let mut options = self.options.clone();
-        options.platform = Some(Platform::resolve(
-            options.platform,
-            Stage::PreFusion,
-            &options.topology,
-        ));
-        let plan = choose_plan(
+        let mut plan = choose_plan(
             p,
             &payload_of,
             true,
             equarx::numerics::error::Data::Prior,
-            &options,
+            &self.options,
         )
         .ok()?
         .plan;
+        // The pass sends the chosen plan's messages as its platform takes
+        // them (the modules are before XLA's fusion).
+        let stage = Stage::PreFusion;
+        let platform = Platform::resolve(self.options.platform, stage, &self.options.topology);
+        plan.config.wire = platform.wire(stage, &plan);
         (plan.wire_bytes() < ring_wire_bytes(p, payload)).then_some(plan)
     }
 

@@ -182,10 +182,10 @@ impl Options {
             } else {
                 Form::Loop
             },
-            wire: match self.platform {
-                Some(Platform::Tpu) => Wire::Split,
-                Some(Platform::Cpu | Platform::Gpu) | None => Wire::Packed,
-            },
+            // The pass sets the chosen plan's for its platform and stage
+            // (`Platform::wire`): the bytes, and so every prediction, are
+            // the same either way.
+            wire: Wire::Packed,
         }
     }
 }

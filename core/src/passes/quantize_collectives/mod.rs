@@ -237,7 +237,8 @@ impl QuantizeCollectives {
                 }
                 entry.reason = Some(reason.to_string());
             }
-            Ok((candidate, Choice { plan, time })) => {
+            Ok((candidate, Choice { mut plan, time })) => {
+                plan.config.wire = self.platform.wire(self.stage, &plan);
                 let reducers =
                     *reducers.get_or_insert_with(|| Reducers::add_to(module, self.stage));
                 let before_xla = self.options.stage == Some(Stage::PreFusion);
