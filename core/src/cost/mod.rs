@@ -97,24 +97,25 @@ pub struct Kernels {
 
 /// XLA:TPU (libtpu 0.0.42.1, v5e:2x2, the door before XLA, which carries
 /// rotated plans; a message's codes and scales apart, the form equarx
-/// emits for XLA:TPU): the ring's loop body is 27 kernels and its
+/// emits for XLA:TPU): the ring's loop body is 16 kernels and its
 /// condition 1, for 2 lanes; 26 kernels outside the loop, the gather
 /// included; two-shot is 18 kernels in all.
 const TPU_KERNELS: Kernels = Kernels {
-    ring_hop: 14.0,
+    ring_hop: 8.5,
     ring_phase: 17.0,
     phase: 9.0,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
-/// ring's loop body is 5 kernels and its condition 1, for 2 lanes (a
-/// quantize per lane, one add-and-absmax for both, the counter's 2); 11
-/// outside the loop, the gather included; two-shot is 9 in all (the plain
-/// psum is 1 kernel, not counted).
+/// ring's loop body is 6 kernels and its condition 1, for 2 lanes (a
+/// quantize per lane, one add-and-absmax for both, the counter and the
+/// two lanes' slice indices the loop carries); 12 outside the loop, the
+/// gather included; two-shot is 9 in all (the plain psum is 1 kernel, not
+/// counted).
 const GPU_KERNELS: Kernels = Kernels {
-    ring_hop: 3.0,
-    ring_phase: 6.5,
+    ring_hop: 3.5,
+    ring_phase: 7.5,
     phase: 4.5,
     source: "XLA:GPU (jax-cuda12-plugin 0.10.2) compiled",
 };

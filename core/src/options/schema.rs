@@ -224,7 +224,7 @@ pub static OPTIONS: &[OptionSpec] = &[
                wraparound). The figures are a model.",
         why: "the machine the cost model predicts for: the pass rewrites an all-reduce only \
               where the model predicts a gain, launches of the kernels XLA compiles for it included \
-              (on v5e from about 28 MiB at P = 8, on h100 from about 40 MiB); also \
+              (on v5e from about 20 MiB at P = 8, on h100 from about 40 MiB); also \
               v6e, v5p, h100, h200, slices like `v5e:4x4`",
         unset: "",
         example: "h100",
@@ -395,7 +395,7 @@ pub static OPTIONS: &[OptionSpec] = &[
                two-level (a ring per axis of a 2-D slice); auto lets the time model choose per op.",
         why: "per op, the time model picks among ring, two-shot and (when `--topology` names \
               a 2-D slice of the group's size) two-level; plans within 5 % of the fastest go \
-              by predicted error. On v5e that is two-shot up to about 20 MiB and the ring \
+              by predicted error. On v5e that is two-shot up to about 14 MiB and the ring \
               above; on an H100 node two-shot (an all-to-all costs no more link time on a \
               switch, and quantizes twice instead of P times)",
         unset: "",

@@ -2,7 +2,7 @@
 //! by one all-gather or by P−1 relays round the ring; every rank, the owner
 //! included, dequantizes the same codes.
 
-use super::{Emitter, Step};
+use super::Emitter;
 use crate::ir::builder::Value;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Form, GatherForm, Rotation};
@@ -57,13 +57,13 @@ impl Emitter<'_, '_, '_> {
             [first, ..] => vec![(first, 0, nb)],
             [] => vec![(1, 0, nb)],
         };
-        // A stream per direction and array: its direction and the shape of
-        // its part as it travels ([`Self::on_wire`]: rows of blocks, or flat
-        // bytes); in the state, the part travelling and the rows so far
-        // (`[P, part..]`), stream after stream.
+        // A stream per direction and array: its direction, its half and the
+        // shape of its part as it travels ([`Self::on_wire`]: rows of
+        // blocks, or flat bytes); in the state, the part travelling and the
+        // rows so far (`[P, part..]`), stream after stream.
         let mut streams = Vec::new();
         let mut state = Vec::new();
-        for &(dir, lo, hi) in &halves {
+        for (half, &(dir, lo, hi)) in halves.iter().enumerate() {
             for array in wire {
                 let dims = array.dims().to_vec();
                 let (mut start, mut end) = (vec![0; dims.len()], dims);
@@ -80,23 +80,38 @@ impl Emitter<'_, '_, '_> {
                 let mut at = vec![self.s32c(0); dims.len()];
                 at[0] = rank.clone();
                 let rows = self.b.dynamic_update_slice(&empty, &row, &at);
-                streams.push((dir, part.dims().to_vec()));
+                streams.push(Stream {
+                    dir,
+                    half,
+                    part: part.dims().to_vec(),
+                });
                 state.extend([part, rows]);
             }
         }
+        // The part that arrives at relay h = s+1 comes from rank
+        // (r − dir·h) mod P.
         let out = match plan.config.form {
             Form::Unrolled => {
                 for s in 0..p - 1 {
-                    state = self.relay_step(&streams, &Step::At(s), &state, rank);
+                    let from: Vec<Value> = (halves.iter())
+                        .map(|&(dir, ..)| self.index(rank, p, dir, s + 1))
+                        .collect();
+                    state = self.relay_step(&streams, &from, false, &state);
                 }
                 state
             }
             Form::Loop => {
+                // State: the streams' (part, rows).., each half's index of
+                // the rank the relay before heard from (the device's own
+                // rank before the first).
                 let n = state.len();
-                state.push(rank.clone());
-                let mut out = self.repeat("relay", p - 1, &state, |e, s, state| {
-                    let mut next = e.relay_step(&streams, &Step::Next(s), &state[..n], &state[n]);
-                    next.push(state[n].clone());
+                state.extend(halves.iter().map(|_| rank.clone()));
+                let mut out = self.repeat("relay", p - 1, &state, |e, state| {
+                    let from: Vec<Value> = (state[n..].iter().zip(&halves))
+                        .map(|(index, &(dir, ..))| e.next_index(index, p, dir))
+                        .collect();
+                    let mut next = e.relay_step(&streams, &from, true, &state[..n]);
+                    next.extend(from);
                     next
                 });
                 out.truncate(n);
@@ -121,40 +136,47 @@ impl Emitter<'_, '_, '_> {
             .collect()
     }
 
-    /// One relay of every direction: pass the travelling part on, and file
-    /// the one that arrives in its row. The part that arrives at relay
-    /// h = s+1 comes from rank (r − dir·h) mod P.
+    /// One relay of every stream: pass the travelling part on, and file
+    /// the one that arrives in its row, that of the rank its half's `from`
+    /// names. In a loop (`in_loop`) the received part is copied.
     fn relay_step(
         &mut self,
-        streams: &[(i64, Vec<i64>)],
-        s: &Step,
+        streams: &[Stream],
+        from: &[Value],
+        in_loop: bool,
         state: &[Value],
-        rank: &Value,
     ) -> Vec<Value> {
-        let p = self.plan().group_size as i64;
         let whole = Axis {
             size: self.plan().group_size,
             stride: 1,
         };
         let mut next = Vec::new();
-        for (k, (dir, part)) in streams.iter().enumerate() {
+        for (k, stream) in streams.iter().enumerate() {
             // The received part goes into the state in place of the one
             // sent: a copy, so the collective never writes the buffer it
             // reads.
-            let travelling = self.permute(&state[2 * k], whole, *dir);
-            let travelling = match s {
-                Step::Next(_) => self.copy_unless_before_xla(&travelling),
-                Step::At(_) => travelling,
+            let travelling = self.permute(&state[2 * k], whole, stream.dir);
+            let travelling = if in_loop {
+                self.copy_unless_before_xla(&travelling)
+            } else {
+                travelling
             };
-            let from = self.index(rank, p, *dir, s, 1);
-            let mut dims = part.clone();
+            let mut dims = stream.part.clone();
             dims.insert(0, 1);
             let row = self.b.reshape(&travelling, &dims);
             let mut at = vec![self.s32c(0); dims.len()];
-            at[0] = from;
+            at[0] = from[stream.half].clone();
             let rows = self.b.dynamic_update_slice(&state[2 * k + 1], &row, &at);
             next.extend([travelling, rows]);
         }
         next
     }
+}
+
+/// One array of a message on its way round the relay: the direction it
+/// travels, the half of the blocks it carries, its part's shape.
+struct Stream {
+    dir: i64,
+    half: usize,
+    part: Vec<i64>,
 }

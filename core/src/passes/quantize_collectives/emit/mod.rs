@@ -165,14 +165,6 @@ enum Const {
     S8(i8),
 }
 
-/// The step a repeated op belongs to: a constant when unrolled; in a loop
-/// body, the counter after this step (s + 1, an s32 scalar).
-#[derive(Clone)]
-enum Step {
-    At(i64),
-    Next(Value),
-}
-
 /// Emits into one computation, with its own constants: every scalar
 /// constant and every broadcast of one is emitted once per computation.
 struct Emitter<'b, 'm, 'i> {
@@ -314,16 +306,17 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
     }
 
     /// A `while` loop (computations `equarx_{name}_cond` and `_body`) that
-    /// runs `body` `trips` times over `state`; the body
-    /// gets its own emitter, the counter after the step (s + 1) and the
-    /// state's elements, and returns the next state's elements. Returns the
-    /// final elements.
+    /// runs `body` `trips` times over `state`; the body gets its own
+    /// emitter and the state's elements, and returns the next state's
+    /// elements (what a step needs of its number, such as the index of
+    /// the slice it reads, it carries in the state). Returns the final
+    /// elements.
     fn repeat(
         &mut self,
         name: &str,
         trips: i64,
         state: &[Value],
-        body: impl FnOnce(&mut Emitter<'_, '_, 'i>, Value, &[Value]) -> Vec<Value>,
+        body: impl FnOnce(&mut Emitter<'_, '_, 'i>, &[Value]) -> Vec<Value>,
     ) -> Vec<Value> {
         // A while loop updates its state in place. At XLA's pre-scheduler
         // hook, copy insertion has already run, so the loop gets copies of
@@ -357,10 +350,10 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
         let body = self
             .b
             .computation(&format!("equarx_{name}_body"), &[tuple], |b, params| {
-                // The body reads the counter once, to step it; everything
-                // else reads the stepped value. The new state overwrites the
-                // old in place, and at the pre-scheduler hook no copy
-                // insertion follows to order a late read of the old counter.
+                // The body reads the counter once, to step it. The new
+                // state overwrites the old in place, and at the
+                // pre-scheduler hook no copy insertion follows to order a
+                // late read of the old counter.
                 let mut e = Emitter::new(b, inputs, &mut made);
                 let count = e.b.get_tuple_element(&params[0], 0);
                 let one = e.s32c(1);
@@ -368,7 +361,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
                 let elements: Vec<Value> = (1..=state.len())
                     .map(|k| e.b.get_tuple_element(&params[0], k as i64))
                     .collect();
-                let next = body(&mut e, stepped.clone(), &elements);
+                let next = body(&mut e, &elements);
                 let mut out = vec![stepped];
                 out.extend(next);
                 e.b.tuple(&out)

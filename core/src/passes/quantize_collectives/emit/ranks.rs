@@ -1,7 +1,7 @@
 //! Where a device is: its rank in its group, its coordinate on an axis,
 //! and the index of the slice a step of a ring reads.
 
-use super::{Emitter, Step};
+use super::Emitter;
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::passes::quantize_collectives::groups::IdSpace;
@@ -46,46 +46,47 @@ impl Emitter<'_, '_, '_> {
         v
     }
 
-    /// (a − dir·k) mod Q as an s32 scalar, with k = `step` + `plus`.
-    pub(super) fn index(&mut self, a: &Value, q: i64, dir: i64, step: &Step, plus: i64) -> Value {
-        match step {
-            Step::At(s) => {
-                let k = s + plus;
-                let key = (a.id, q, dir, k);
-                if let Some(v) = self.indices.get(&key) {
-                    return v.clone();
-                }
-                let shift = (-dir * k).rem_euclid(q);
-                let v = if shift == 0 {
-                    a.clone()
-                } else {
-                    let s = self.s32c(shift);
-                    let sum = self.b.add_op(a, &s);
-                    let qv = self.s32c(q);
-                    self.b.binary(Opcode::Remainder, &sum, &qv)
-                };
-                self.indices.insert(key, v.clone());
-                v
-            }
-            // k = s + plus = next + plus − 1, with next in 1..Q−1 and plus
-            // at most 2, so a − k + 2Q ≥ 0.
-            Step::Next(next) => {
-                if !(0..=2).contains(&plus) {
-                    self.b.fail(format!(
-                        "a loop step's index takes a step offset of 0..=2, not {plus}"
-                    ));
-                }
-                let shifted = if dir > 0 {
-                    let base = self.s32c(2 * q - plus + 1);
-                    self.b.binary(Opcode::Subtract, &base, next)
-                } else {
-                    let plus = self.s32c(plus - 1);
-                    self.b.add_op(next, &plus)
-                };
-                let sum = self.b.add_op(a, &shifted);
-                let qv = self.s32c(q);
-                self.b.binary(Opcode::Remainder, &sum, &qv)
-            }
+    /// (a − dir·k) mod Q as an s32 scalar, for a constant k.
+    pub(super) fn index(&mut self, a: &Value, q: i64, dir: i64, k: i64) -> Value {
+        let key = (a.id, q, dir, k);
+        if let Some(v) = self.indices.get(&key) {
+            return v.clone();
         }
+        let shift = (-dir * k).rem_euclid(q);
+        let v = if shift == 0 {
+            a.clone()
+        } else {
+            let s = self.s32c(shift);
+            let sum = self.b.add_op(a, &s);
+            let qv = self.s32c(q);
+            self.b.binary(Opcode::Remainder, &sum, &qv)
+        };
+        self.indices.insert(key, v.clone());
+        v
+    }
+
+    /// The index a loop's next step reads, from the one this step read:
+    /// (index − dir) mod Q, for an index in 0..Q. A compare, an add and a
+    /// select: a loop carries its indices from step to step instead of
+    /// deriving them from the counter by a remainder, which XLA:TPU
+    /// expands into six scalar ops (each a kernel of its own there) and
+    /// XLA:GPU and XLA:CPU into several.
+    pub(super) fn next_index(&mut self, index: &Value, q: i64, dir: i64) -> Value {
+        if dir.abs() != 1 {
+            self.b
+                .fail(format!("a ring steps one rank at a time, not {dir}"));
+        }
+        let (edge, wrapped) = if dir > 0 { (0, q - 1) } else { (q - 1, 0) };
+        let edge = self.s32c(edge);
+        let at_edge = self.b.compare(index, &edge, "EQ");
+        // One, not minus one: the loop's counter steps by the same constant.
+        let one = self.s32c(1);
+        let moved = if dir > 0 {
+            self.b.binary(Opcode::Subtract, index, &one)
+        } else {
+            self.b.add_op(index, &one)
+        };
+        let wrapped = self.s32c(wrapped);
+        self.b.select(&at_edge, &wrapped, &moved)
     }
 }

@@ -2,7 +2,7 @@
 //! each quantizing a partial sum, sending it one step round the ring and
 //! adding the device's own part of the slice it now holds.
 
-use super::{Emitter, Step};
+use super::Emitter;
 use crate::ir::builder::Value;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Form, Lane};
@@ -52,29 +52,28 @@ impl Emitter<'_, '_, '_> {
     /// One ring hop of every lane: send the partials on, each quantized
     /// against its blocks' [`Self::largest`] bits (`lanes`: per lane, the
     /// partial and its bits), and add this device's part of the slice they
-    /// now hold.
+    /// now hold (`indices`: per lane, that slice's index on the held axis
+    /// `at`).
     pub(super) fn ring_step(
         &mut self,
         lanes: &[(&Value, &Value)],
         held: &Value,
         at: usize,
-        a: &Value,
+        indices: &[Value],
         axis: Axis,
-        step: &Step,
     ) -> Vec<Value> {
         let plan = self.plan();
-        let q = axis.size as i64;
         plan.lanes
             .iter()
             .zip(lanes)
-            .map(|(lane, &(part, top))| {
+            .zip(indices)
+            .map(|((lane, &(part, top)), index)| {
                 let message = self.quantize_with(part, top);
                 let wire = self.wire(&message);
                 let arrived = self.carry(&wire, 1, |e, sent| e.permute(sent, axis, lane.dir));
                 let received = self.unwire(&arrived);
                 let summed = self.dequantize(&received);
-                let index = self.index(a, q, lane.dir, step, 2);
-                let own = self.own_part(held, at, &index, lane);
+                let own = self.own_part(held, at, index, lane);
                 self.b.add_op(&summed, &own)
             })
             .collect()
@@ -111,14 +110,18 @@ impl Emitter<'_, '_, '_> {
         };
         let a = self.coordinate(rank, axis);
         let q = axis.size as i64;
-        let first = Step::At(-1);
+        // Lane dir's first partial is its part of slice (a − dir) mod Q;
+        // at step s it adds its part of slice (a − dir·(s+2)) mod Q.
+        let firsts: Vec<Value> = plan
+            .lanes
+            .iter()
+            .map(|lane| self.index(&a, q, lane.dir, 1))
+            .collect();
         let mut partials: Vec<Value> = plan
             .lanes
             .iter()
-            .map(|lane| {
-                let index = self.index(&a, q, lane.dir, &first, 2);
-                self.own_part(held, at, &index, lane)
-            })
+            .zip(&firsts)
+            .map(|(lane, index)| self.own_part(held, at, index, lane))
             .collect();
         // Each hop's partials get their largest bits as soon as they are
         // summed, where the next hop's quantize would otherwise reduce them
@@ -130,28 +133,37 @@ impl Emitter<'_, '_, '_> {
             Form::Unrolled => {
                 for s in 0..q - 1 {
                     let pairs: Vec<_> = partials.iter().zip(&largest).collect();
-                    partials = self.ring_step(&pairs, held, at, &a, axis, &Step::At(s));
+                    let indices: Vec<Value> = (plan.lanes.iter())
+                        .map(|lane| self.index(&a, q, lane.dir, s + 2))
+                        .collect();
+                    partials = self.ring_step(&pairs, held, at, &indices, axis);
                     if s + 1 < q - 1 || keep_largest {
                         largest = self.largest_of(&partials);
                     }
                 }
             }
             Form::Loop => {
-                // State: (step, partials.., their largest bits.., held,
-                // coordinate).
+                // State: (step, partials.., their largest bits.., the
+                // indices of the slices the step before added.., held).
                 let lanes = plan.lanes.len();
                 let mut state = partials.clone();
                 state.extend(largest.iter().cloned());
+                state.extend(firsts);
                 state.push(held.clone());
-                state.push(a.clone());
-                let out = self.repeat("ring", q - 1, &state, |e, s, state| {
-                    let (held, a) = (&state[2 * lanes], &state[2 * lanes + 1]);
-                    let (parts, tops) = state[..2 * lanes].split_at(lanes);
+                let out = self.repeat("ring", q - 1, &state, |e, state| {
+                    let held = &state[3 * lanes];
+                    let (parts, rest) = state[..3 * lanes].split_at(lanes);
+                    let (tops, before) = rest.split_at(lanes);
+                    let lanes = &e.plan().lanes;
+                    let indices: Vec<Value> = (before.iter().zip(lanes))
+                        .map(|(index, lane)| e.next_index(index, q, lane.dir))
+                        .collect();
                     let pairs: Vec<_> = parts.iter().zip(tops).collect();
-                    let mut next = e.ring_step(&pairs, held, at, a, axis, &Step::Next(s));
+                    let mut next = e.ring_step(&pairs, held, at, &indices, axis);
                     let tops = e.largest_of(&next);
                     next.extend(tops);
-                    next.extend([held.clone(), a.clone()]);
+                    next.extend(indices);
+                    next.push(held.clone());
                     next
                 });
                 partials = out[..lanes].to_vec();
