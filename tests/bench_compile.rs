@@ -6,6 +6,8 @@
 //! judges speed.
 
 mod common;
+#[path = "doors/mod.rs"]
+mod doors;
 
 use std::process::{Command, Output};
 use std::time::Instant;
@@ -189,4 +191,60 @@ fn compile_benchmark_refuses_bad_options_before_doing_anything() {
             "{args:?}: want {says:?} in:\n{stderr}"
         );
     }
+}
+
+/// `bench/compile/ab.py` in its smallest form: this checkout as its one
+/// side, one psum on v5e:2x2 (XLA:TPU, deviceless), one measured round. It
+/// must print the original and the side, the side's kernels and a ratio;
+/// nothing here judges speed.
+#[test]
+fn the_side_by_side_compile_runs_in_xla_tpu() {
+    let py = common::venv(common::Venv::Compilers).unwrap_or_else(|e| panic!("{e}"));
+    let side = format!(
+        "here={}:{}",
+        common::repo().display(),
+        doors::cdylib().display()
+    );
+    let out = Command::new(py)
+        .arg(common::repo().join("bench/compile/ab.py"))
+        .args([
+            "--program",
+            "psum",
+            "--topology",
+            "v5e:2x2",
+            "--rounds",
+            "1",
+        ])
+        .args(["--side", &side])
+        .output()
+        .expect("run bench/compile/ab.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ab.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{stdout}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let (original, here) = (row("original "), row("here "));
+    assert_eq!(
+        original[2], "0",
+        "the plain psum compiles to no kernel: {original:?}"
+    );
+    let kernels: u32 = here[2].parse().expect("the side's kernels");
+    assert!(kernels > 0, "the rewrite compiles to kernels: {here:?}");
+    let ratio = here
+        .iter()
+        .find_map(|t| t.strip_suffix('x').and_then(|v| v.parse::<f64>().ok()));
+    assert!(
+        ratio.is_some_and(|r| r > 0.0),
+        "a ratio to the original: {here:?}"
+    );
 }

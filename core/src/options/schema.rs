@@ -342,8 +342,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         syntax: Syntax::Choice(auto_names::<Platform>),
         help: "The XLA backend that compiles the rewrite: cpu, gpu or tpu. The pass emits \
                the same arithmetic in the form that compiler takes best (a message as one \
-               array for XLA:CPU and XLA:GPU; codes and scales apart for XLA:TPU, but for an \
-               all-to-all at its hook, which takes one array per peer); auto: tpu \
+               array for XLA:CPU and XLA:GPU; codes and scales apart for XLA:TPU, but where an \
+               all-to-all takes one array per peer: past XLA's fusion); auto: tpu \
                past a tiling assignment (--stage tiled), cpu past fusion (--stage fused), \
                else the --topology's (v5e, v6e, v5p: tpu; h100, h200: gpu). The JAX door \
                before XLA passes the platform it lowered for.",
