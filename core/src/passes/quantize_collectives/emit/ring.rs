@@ -154,8 +154,7 @@ impl Emitter<'_, '_, '_> {
                     let held = &state[3 * lanes];
                     let (parts, rest) = state[..3 * lanes].split_at(lanes);
                     let (tops, before) = rest.split_at(lanes);
-                    let lanes = &e.plan().lanes;
-                    let indices: Vec<Value> = (before.iter().zip(lanes))
+                    let indices: Vec<Value> = (before.iter().zip(&e.plan().lanes))
                         .map(|(index, lane)| e.next_index(index, q, lane.dir))
                         .collect();
                     let pairs: Vec<_> = parts.iter().zip(tops).collect();
