@@ -78,9 +78,8 @@ impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
     /// module's device counts and its stage in XLA's pipeline; the platform
     /// the options leave to `auto` is resolved here, once.
-    pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
+    pub fn new(options: Options, counts: DeviceCounts, stage: Stage) -> Self {
         let platform = Platform::resolve(options.platform, stage, &options.topology);
-        options.platform = Some(platform);
         QuantizeCollectives {
             options,
             counts,
