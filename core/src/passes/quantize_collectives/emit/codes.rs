@@ -332,8 +332,7 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn dequantize(&mut self, message: &Message) -> Value {
         let codes = self.code_values(&message.codes);
         let dims = codes.dims().to_vec();
-        let lead: Vec<i64> = (0..dims.len() as i64 - 1).collect();
-        let scale = self.b.broadcast(&message.scales, &dims, &lead);
+        let scale = self.b.broadcast(&message.scales, &dims, &lead_dims(&dims));
         self.b.multiply(&codes, &scale)
     }
 
