@@ -492,6 +492,40 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
 }
 
 /// Instructions a rewrite adds, new computations included.
+#[test]
+fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
+    // libtpu fuses across a dequantize, not across a collective: the
+    // barrier keeps the program's own ops after the op as they were
+    // (`Platform::fences_results`).
+    let (m, counts) = psum_of(&[512, 1024]);
+    let barriers = |stage: Stage, platform: equarx::Platform| {
+        let mut o = options(|p| {
+            p.stage = Some(stage);
+            p.platform = Some(platform);
+        });
+        o.pass.fuse = equarx::FuseMode::Off;
+        let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+        assert!(r.changed, "{stage:?} {platform}: {:?}", r.report);
+        let module = instructions(&r.module);
+        let root = r.module.computations.iter().flat_map(|c| &c.instructions);
+        root.filter(|i| i.opcode == "opt-barrier")
+            .map(|i| module[&i.operand_ids[0]].operand_ids.len())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        barriers(Stage::PreFusion, equarx::Platform::Tpu),
+        vec![1],
+        "one barrier over the op's one result"
+    );
+    for (stage, platform) in [
+        (Stage::PreFusion, equarx::Platform::Gpu),
+        (Stage::PreFusion, equarx::Platform::Cpu),
+        (Stage::Fused, equarx::Platform::Tpu),
+    ] {
+        assert!(barriers(stage, platform).is_empty(), "{stage:?} {platform}");
+    }
+}
+
 fn added_instructions(
     before: &equarx::proto::HloModuleProto,
     after: &equarx::proto::HloModuleProto,

@@ -65,10 +65,11 @@
  *       emits the same arithmetic in the form that compiler takes best (a
  *       message as one array for XLA:CPU and XLA:GPU; codes and scales apart
  *       for XLA:TPU, but where an all-to-all takes one array per peer: past
- *       XLA's fusion); auto: tpu past a tiling assignment (--stage tiled),
- *       cpu past fusion (--stage fused), else the --topology's (v5e, v6e,
- *       v5p: tpu; h100, h200: gpu). The JAX door before XLA passes the
- *       platform it lowered for.
+ *       XLA's fusion; before XLA:TPU's fusion the results leave through an
+ *       opt-barrier, a boundary as the collective's was); auto: tpu past a
+ *       tiling assignment (--stage tiled), cpu past fusion (--stage fused),
+ *       else the --topology's (v5e, v6e, v5p: tpu; h100, h200: gpu). The JAX
+ *       door before XLA passes the platform it lowered for.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per

@@ -477,6 +477,17 @@ impl<'m> Builder<'m> {
         self.add(Self::op(Opcode::Tuple), &ops)
     }
 
+    /// `values` through one `opt-barrier`: the same values, which XLA may
+    /// not fuse or simplify across.
+    pub fn opt_barrier(&mut self, values: &[Value]) -> Vec<Value> {
+        let t = self.tuple(values);
+        let shape = t.shape.clone();
+        let o = self.add(Self::op_with_shape(Opcode::OptBarrier, shape), &[&t]);
+        (0..values.len() as i64)
+            .map(|k| self.get_tuple_element(&o, k))
+            .collect()
+    }
+
     pub fn get_tuple_element(&mut self, x: &Value, index: i64) -> Value {
         let mut i = Self::op(Opcode::GetTupleElement);
         i.tuple_index = index;

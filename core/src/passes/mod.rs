@@ -125,6 +125,25 @@ impl Platform {
         }
     }
 
+    /// Whether a rewrite's results pass through an `opt-barrier` when this
+    /// platform compiles a module at `stage`. Only XLA:TPU before its
+    /// fusion: a collective's result is a boundary it does not fuse
+    /// across, but a rewrite's dequantize is not, and libtpu's reshape
+    /// moving carries the `[blocks, B]` view into the program's own ops
+    /// after it. Gemma 3 270M's RMSNorm reduces then split at the block
+    /// edges and stay unfused: 1194 kernels of the program's own against
+    /// 404 unrewritten, 1088 in all with the barrier against 1734 without
+    /// (BENCHMARKS.md, "The rewrite's results behind a barrier"). XLA:GPU
+    /// compiled Gemma slower with it (1.23x against 0.95x the original)
+    /// and the MLP with one more kernel per op; past fusion there is
+    /// nothing left to fence.
+    pub fn fences_results(self, stage: Stage) -> bool {
+        match self {
+            Platform::Tpu => stage == Stage::PreFusion,
+            Platform::Cpu | Platform::Gpu => false,
+        }
+    }
+
     /// The platform the pass emits for: `given`, or the one the stage
     /// shows (past a tiling assignment XLA:TPU, past fusion XLA:CPU, whose
     /// hook sits there), or else the one of the topology the cost model

@@ -49,7 +49,7 @@ use std::borrow::Cow;
 use choose::{Choice, DEFAULT_BUDGET_PCT, choose};
 use report::{Basis, OpReport, describe};
 use skip::SkipReason;
-use splice::{Reducers, splice};
+use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage};
 use crate::ir::opcode::Opcode;
@@ -240,10 +240,12 @@ impl QuantizeCollectives {
                 plan.config.wire = self.platform.wire(self.stage, &plan);
                 let reducers =
                     *reducers.get_or_insert_with(|| Reducers::add_to(module, self.stage));
-                let before_xla = self.options.stage == Some(Stage::PreFusion);
-                let spliced = splice(
-                    module, &candidate, &plan, self.stage, before_xla, reducers, edits,
-                )?;
+                let site = Site {
+                    stage: self.stage,
+                    platform: self.platform,
+                    before_xla: self.options.stage == Some(Stage::PreFusion),
+                };
+                let spliced = splice(module, &candidate, &plan, site, reducers, edits)?;
                 entry.rewritten(&candidate, &plan, &spliced.emitted, data);
                 entry.predicted_time = Some(time);
             }

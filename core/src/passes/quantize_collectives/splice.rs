@@ -9,7 +9,7 @@ use super::report::EmittedCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, Edits, InstrId, Module, shape};
-use crate::passes::{PassError, Stage};
+use crate::passes::{PassError, Platform, Stage};
 use crate::plan::Plan;
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
@@ -72,17 +72,29 @@ pub struct Spliced {
     pub computations: Vec<CompId>,
 }
 
+/// Where a rewrite lands: the module's stage, the compiler it is for, and
+/// whether it is rewritten before XLA saw it (the door that cannot take a
+/// `copy`).
+#[derive(Clone, Copy)]
+pub struct Site {
+    pub stage: Stage,
+    pub platform: Platform,
+    pub before_xla: bool,
+}
+
 /// Emits `plan` for candidate `c` and records, in `edits`, how it replaces
 /// the collective (applied for the whole computation at once).
 pub fn splice(
     module: &mut Module,
     c: &Candidate,
     plan: &Plan,
-    stage: Stage,
-    before_xla: bool,
+    site: Site,
     reducers: Reducers,
     edits: &mut Edits,
 ) -> Result<Spliced, PassError> {
+    let Site {
+        stage, before_xla, ..
+    } = site;
     let comp = module
         .computation(c.comp)
         .ok_or_else(|| fail("computation vanished"))?;
@@ -159,6 +171,9 @@ pub fn splice(
         if written != result {
             *v = b.copy_to(v, result);
         }
+    }
+    if site.platform.fences_results(stage) {
+        emitted.values = b.opt_barrier(&emitted.values);
     }
     let parts = parts(
         &mut b,
