@@ -1,0 +1,106 @@
+"""Kernels XLA:GPU (h100, deviceless) makes of one block quantization in
+several forms: which of them its Triton rewriter fuses into one kernel
+(absmax reduce, broadcast and codes together).
+
+    target/compilers/bin/python bench/compile/gpu_quantize_forms.py [--rows 20480]
+
+Every form computes equarx's int8 codes of f32 [rows, 64] blocks: the
+absmax on |x|'s bits with a floor (the reduce's init) and a cap at +Inf,
+the bf16-rounded scale absmax/127, codes = clamp(round(x / scale)).
+Prints one line per form: the kernels of the compiled module and their
+fusion kinds (kCustom is a Triton fusion).
+"""
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compilers  # noqa: E402  (the compile-only topologies and the kernel census)
+
+FLOOR, INF_BITS = 67108864, 2139095040
+
+
+def forms():
+    import jax.numpy as jnp
+    from jax import lax
+
+    def absmax(y, cap_before):
+        bits = lax.bitcast_convert_type(y, jnp.int32) & 0x7FFFFFFF
+        if cap_before:
+            bits = jnp.minimum(bits, INF_BITS)
+        m = jnp.max(bits, axis=1, keepdims=True, initial=FLOOR)
+        return m if cap_before else jnp.minimum(m, INF_BITS)
+
+    def scale(m):
+        return lax.reduce_precision(lax.bitcast_convert_type(m, jnp.float32) * (1 / 127), 8, 7)
+
+    def codes(y, s):
+        return jnp.clip(jnp.round(y * (1.0 / s)), -127, 127)
+
+    def codes_cap_after(y):
+        return codes(y, scale(absmax(y, False))).astype(jnp.int8)
+
+    def codes_cap_before(y):
+        return codes(y, scale(absmax(y, True))).astype(jnp.int8)
+
+    def codes_and_scale_bits(y):
+        s = scale(absmax(y, True))
+        hi = lax.shift_right_logical(lax.bitcast_convert_type(s, jnp.int32), 16)
+        return codes(y, s).astype(jnp.int8), hi.astype(jnp.uint16)
+
+    def row_of_codes_then_scale(y):
+        s = scale(absmax(y, True))
+        hi = lax.shift_right_logical(lax.bitcast_convert_type(s, jnp.int32), 16)
+        tail = jnp.concatenate([hi & 0xFF, hi >> 8], axis=1).astype(jnp.int8)
+        return jnp.concatenate([codes(y, s).astype(jnp.int8), tail], axis=1)
+
+    def codes_selected_by_column(y):
+        s = scale(absmax(y, True))
+        j = lax.broadcasted_iota(jnp.int32, y.shape, 1)
+        return jnp.where(j < 62, codes(y, s), 0.0).astype(jnp.int8)
+
+    def codes_then_scales_by_a_second_reduce(y):
+        # Capped after, the second reduce is not the first's twin, so CSE
+        # keeps both and the first keeps its one use.
+        c = codes(y, scale(absmax(y, True))).astype(jnp.int8)
+        hi = lax.shift_right_logical(lax.bitcast_convert_type(scale(absmax(y, False)), jnp.int32), 16)
+        return c, hi.astype(jnp.uint16)
+
+    def a_hop(y):
+        # A ring hop: what arrived dequantized and added to the local part
+        # (y's halves stand in for the two), then both quantizations.
+        arrived = jnp.round(y[:, :32]).astype(jnp.int8).astype(jnp.float32) * y[:, 32:33]
+        return codes_then_scales_by_a_second_reduce(jnp.concatenate([arrived, arrived], 1) + y)
+
+    return [
+        ("codes, cap after the reduce (equarx today)", codes_cap_after),
+        ("codes, cap on each element before the reduce", codes_cap_before),
+        ("codes and the scales' bits, two outputs", codes_and_scale_bits),
+        ("one row: codes then the scale's bytes (XLA:GPU's wire)", row_of_codes_then_scale),
+        ("codes with a select on the column (iota)", codes_selected_by_column),
+        ("codes, then the scales' bits by a second reduce", codes_then_scales_by_a_second_reduce),
+        ("a ring hop: dequantize-add, then the line above", a_hop),
+    ]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=20480, help="blocks of 64 (default 20480: Gemma's op)")
+    args = ap.parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+    topo = compilers.tool.topology("gpu", "h100x4")
+    device = sorted(topo.devices, key=lambda d: d.id)[0]
+    y = jax.ShapeDtypeStruct((args.rows, 64), jnp.float32, sharding=SingleDeviceSharding(device))
+    for name, f in forms():
+        text = jax.jit(f).lower(y).compile().as_text()
+        entry = text.split("\nENTRY ")[1]
+        kinds = [line.split("kind=")[1].split(",")[0] for line in entry.splitlines() if " fusion(" in line]
+        print("%-56s %d kernels  %s" % (name, compilers.tool.kernels_of(text), " ".join(kinds)))
+
+
+if __name__ == "__main__":
+    main()
