@@ -526,6 +526,80 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
     }
 }
 
+#[test]
+fn past_xla_tpu_tiling_a_rotation_is_a_fused_convolution_never_a_bare_dot() {
+    // libtpu's lowering refuses a `dot` past its fusion; it takes the
+    // `kOutput` fusion of one convolution it makes of a dot itself.
+    let (m, counts) = psum_of(&[512, 1024]);
+    for rotation in [None, Some(equarx::plan::Rotation::Hadamard)] {
+        let o = options(|p| {
+            p.stage = Some(Stage::Tiled);
+            p.rotation = rotation;
+        });
+        let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+        let plan = r.report[0]
+            .plan
+            .as_ref()
+            .expect("rewritten at the tiled stage");
+        assert_eq!(
+            plan.rotation,
+            equarx::plan::Rotation::Hadamard,
+            "{rotation:?}: {:?}",
+            r.report
+        );
+        let all = || r.module.computations.iter().flat_map(|c| &c.instructions);
+        assert_eq!(all().filter(|i| i.opcode == "dot").count(), 0);
+        let fused: Vec<&HloInstructionProto> = all().filter(|i| i.opcode == "fusion").collect();
+        let products = r
+            .module
+            .computations
+            .iter()
+            .filter(|c| c.instructions.iter().any(|i| i.opcode == "convolution"));
+        let mut n = 0;
+        for c in products {
+            n += 1;
+            let callers: Vec<_> = fused
+                .iter()
+                .filter(|f| f.called_computation_ids == [c.id])
+                .collect();
+            assert_eq!(callers.len(), 1, "{}: one fusion calls it", c.name);
+            assert_eq!(callers[0].fusion_kind, "kOutput");
+            let conv = c
+                .instructions
+                .iter()
+                .find(|i| i.opcode == "convolution")
+                .unwrap();
+            let d = conv.convolution_dimension_numbers.as_ref().unwrap();
+            // bf_io->bf: [rows, B] x [B, B] -> [rows, B].
+            assert_eq!((d.input_batch_dimension, d.input_feature_dimension), (0, 1));
+            assert_eq!(
+                (
+                    d.kernel_input_feature_dimension,
+                    d.kernel_output_feature_dimension
+                ),
+                (0, 1)
+            );
+            assert_eq!(c.instructions.len(), 3, "two parameters and the product");
+        }
+        assert_eq!(n, 2, "the rotation and its inverse");
+    }
+    // Under 8 libtpu refuses the matrix constant (and aborts on blocks of
+    // 1): the op is left, with the reason.
+    for block_size in [1, 4] {
+        let o = options(|p| {
+            p.stage = Some(Stage::Tiled);
+            p.block_size = block_size;
+        });
+        let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+        assert!(!r.changed);
+        let reason = r.report[0].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(&format!("blocks of {block_size} past")),
+            "{reason}"
+        );
+    }
+}
+
 fn added_instructions(
     before: &equarx::proto::HloModuleProto,
     after: &equarx::proto::HloModuleProto,

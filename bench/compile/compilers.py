@@ -11,12 +11,10 @@ undone and libtpu reads LIBTPU_INIT_ARGS once. Rows per topology:
 - original: the program as JAX lowers it;
 - hook: equarx registered at the compiler's pre-scheduler hook with the
   topology's defaults and `min_payload_bytes=0` (every eligible op); on
-  XLA:TPU the module is tiled and fused there: equarx emits unrotated,
-  unfused plans, and with the defaults only where they meet the error
-  budget;
-- hook-unrot (TPU only): the hook with `rotation=none`. The tiled stage
-  emits no rotation, and with the defaults an op whose unrotated plans miss
-  the error budget is left alone; this row takes them;
+  XLA:TPU the module is tiled and fused there: every emitted op is a kernel
+  of its own but the rotation's product, a fused convolution;
+- hook-unrot (TPU only): the hook with `rotation=none`, for the rotation's
+  share of the kernels there;
 - before: `equarx.jax.rewrite_lowered`, the same options;
 - libtpu QAR: libtpu's own quantized all-reduce
   (--xla_tpu_quantized_all_reduce_level=1, size threshold 0), TPU only.
@@ -129,8 +127,6 @@ def one(args):
         except ValueError:
             defaults[name] = value
     if door == "hook-unrot":
-        # XLA:TPU's hook emits no rotation, and the defaults' budget leaves
-        # an op whose unrotated plans miss it: this row takes them.
         defaults["rotation"] = "none"
         door = "hook"
     topo = tool.topology(platform(topo_name), topo_name)

@@ -55,11 +55,11 @@
  *       partitioning, before fusion: a lowered module, XLA:GPU's
  *       pre-scheduler hook), fused (after XLA's fusion: XLA:CPU's hook) or
  *       tiled (after a backend's tiling assignment: XLA:TPU's hook, where
- *       equarx emits no rotation and no fusion); auto: tiled when a layout
- *       has tiles or a memory space, else fused when the module holds a
- *       fusion. It sets the forms the rewrite emits (the all-to-all's, the
- *       loop's copies, and whether --fuse auto outlines loop fusions); the
- *       report names it.
+ *       equarx outlines no loop fusion and emits the rotation's product as
+ *       libtpu's fused convolution); auto: tiled when a layout has tiles or a
+ *       memory space, else fused when the module holds a fusion. It sets the
+ *       forms the rewrite emits (the all-to-all's, the loop's copies, and
+ *       whether --fuse auto outlines loop fusions); the report names it.
  *   platform  auto|cpu|gpu|tpu (default: auto):
  *       The XLA backend that compiles the rewrite: cpu, gpu or tpu. The pass
  *       emits the same arithmetic in the form that compiler takes best (a

@@ -538,10 +538,10 @@ def rewrite_lowered(lowered: Any, **pass_options: Any) -> Any:
     written with ``jax.shard_map`` (``psum``, ``psum_scatter``,
     ``all_gather``, ``all_to_all``). The module goes to HLO, through equarx
     at the ``pre-fusion`` stage, and back to StableHLO, so XLA's own layout
-    assignment, fusion and copy insertion handle what equarx emits; this is
-    the door for rotated plans on XLA:TPU (at libtpu's pre-scheduler hook
-    the module is already tiled and fused, and equarx emits unrotated,
-    unfused plans there). Collectives
+    assignment, fusion and copy insertion handle what equarx emits: on
+    XLA:TPU that is far fewer kernels than at libtpu's pre-scheduler hook,
+    where the module is already tiled and fused and every op equarx emits
+    but the rotation's product is a kernel of its own. Collectives
     that XLA's SPMD partitioner inserts (plain ``jit`` with shardings) do
     not exist yet at this point: they reach equarx only through
     :func:`enable` (the hook). ``num_partitions`` defaults to the

@@ -531,6 +531,44 @@ impl<'m> Builder<'m> {
         self.add(i, &[lhs, rhs])
     }
 
+    /// `lhs [rows, k]` times `rhs [k, n]` as XLA:TPU holds a matrix
+    /// product past its fusion: a `kOutput` fusion of one `convolution`
+    /// (`dim_labels=bf_io->bf`, no window). libtpu's own pipeline turns
+    /// every dot into that form before its fusion and its TPU lowering
+    /// refuses a bare `dot` after it; this one compiles at its
+    /// pre-scheduler hook (`tests/compilers.rs`).
+    pub fn fused_product(&mut self, lhs: &Value, rhs: &Value, precision: Precision) -> Value {
+        use crate::proto::{ConvolutionDimensionNumbers, Window};
+        let (rows, n) = (lhs.dims()[0], rhs.dims()[1]);
+        let out = shape::array(PrimitiveType::F32, &[rows, n]);
+        let (ls, rs) = (lhs.shape.clone(), rhs.shape.clone());
+        let o2 = out.clone();
+        let comp = self.computation("equarx_product", &[ls, rs], move |b, p| {
+            let mut i = Self::op_with_shape(Opcode::Convolution, o2);
+            i.convolution_dimension_numbers = Some(Box::new(ConvolutionDimensionNumbers {
+                input_batch_dimension: 0,
+                input_feature_dimension: 1,
+                kernel_input_feature_dimension: 0,
+                kernel_output_feature_dimension: 1,
+                output_batch_dimension: 0,
+                output_feature_dimension: 1,
+                ..Default::default()
+            }));
+            i.window = Some(Box::new(Window::default()));
+            i.feature_group_count = 1;
+            i.batch_group_count = 1;
+            i.precision_config = Some(Box::new(PrecisionConfig {
+                operand_precision: vec![precision as i32; 2],
+                ..Default::default()
+            }));
+            b.add(i, &[&p[0], &p[1]])
+        });
+        let mut f = Self::op_with_shape(Opcode::Fusion, out);
+        f.fusion_kind = "kOutput".into();
+        f.called_computation_ids = vec![comp.0];
+        self.add(f, &[lhs, rhs])
+    }
+
     /// `reduce-precision(x)` to f32's exponent and `mantissa_bits`.
     pub fn reduce_precision(&mut self, x: &Value, mantissa_bits: i32) -> Value {
         let mut i = Self::op(Opcode::ReducePrecision);

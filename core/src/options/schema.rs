@@ -315,15 +315,16 @@ pub static OPTIONS: &[OptionSpec] = &[
         help: "Where in XLA's pipeline the module is: pre-fusion (after SPMD partitioning, \
                before fusion: a lowered module, XLA:GPU's pre-scheduler hook), fused (after \
                XLA's fusion: XLA:CPU's hook) or tiled (after a backend's tiling assignment: \
-               XLA:TPU's hook, where equarx emits no rotation and no fusion); auto: tiled \
+               XLA:TPU's hook, where equarx outlines no loop fusion and emits the rotation's \
+               product as libtpu's fused convolution); auto: tiled \
                when a layout has tiles or a memory space, else fused when the module holds a \
                fusion. It sets the forms the rewrite emits (the all-to-all's, the loop's \
                copies, and whether --fuse auto outlines loop fusions); the report names it.",
         why: "a module that holds fusions is past XLA's fusion (XLA:CPU's pre-scheduler \
               hook): XLA will not fuse or decompose what the pass emits any more, so the pass \
               fuses it and writes the collectives in the forms XLA's runtime runs; past a \
-              tiling assignment (XLA:TPU's hook) it emits unrotated, unfused plans whose \
-              constants, layouts and all-to-alls that backend takes there. Give `pre-fusion` for a \
+              tiling assignment (XLA:TPU's hook) it emits plans whose products, constants, \
+              layouts and all-to-alls that backend takes there. Give `pre-fusion` for a \
               module before XLA's pipeline (the door before XLA does): the rewrite then holds \
               no `copy`, which StableHLO cannot express, since XLA's copy insertion follows",
         unset: "",

@@ -61,12 +61,14 @@ crate::choice_enum! {
         /// space (XLA:TPU's pre-scheduler hook: `{1,0:T(8,128)(2,1)S(1)}`).
         /// Layout assignment, fusion and copy insertion have run: what the
         /// pass inserts must be what that backend's later passes take there.
-        /// It emits no fusion (an untiled one aborts libtpu) and no rotation
-        /// (a bare `dot` fails TPU lowering), no transpose (TPU lowers only
-        /// layout-changing copies by then), vector constants in libtpu's own
-        /// layout, all-to-alls in the tuple form, and copies that bring an
-        /// operand or result laid out otherwise than row-major to and from
-        /// the row-major arrays the plan works on.
+        /// It outlines no loop fusion (one with an untiled bitcast aborts
+        /// libtpu), emits the rotation's product as the fused convolution
+        /// libtpu makes of a dot (a bare `dot` fails TPU lowering), and no
+        /// transpose (TPU lowers only layout-changing copies by then); its
+        /// vector constants are in libtpu's own layout, its all-to-alls in
+        /// the tuple form, and copies bring an operand or result laid out
+        /// otherwise than row-major to and from the row-major arrays the
+        /// plan works on.
         Tiled = "tiled",
     }
 }

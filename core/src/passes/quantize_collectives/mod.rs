@@ -44,9 +44,7 @@ pub mod report;
 pub mod skip;
 pub mod splice;
 
-use std::borrow::Cow;
-
-use choose::{Choice, DEFAULT_BUDGET_PCT, choose};
+use choose::{Choice, choose};
 use report::{Basis, OpReport, describe};
 use skip::SkipReason;
 use splice::{Reducers, Site, splice};
@@ -57,7 +55,6 @@ use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
 use crate::options::Options;
-use crate::plan::Rotation;
 use crate::proto::HloInstructionProto;
 
 /// The pass's name, and the name it had when it rewrote all-reduces only.
@@ -139,59 +136,17 @@ impl Pass for QuantizeCollectives {
     }
 }
 
+/// The smallest block XLA:TPU takes past its tiling assignment, measured
+/// with libtpu 0.0.42.1 at its hook: under 8 a rotation's B×B matrix
+/// constant fails its layout check (`data_emitter.cc`: the literal is
+/// smaller than its tiled allocation; B = 2 and 4), and blocks of 1 abort
+/// the process (`lowering_util.cc`, a `[1, 1]` reshaped into a tiled
+/// `[1]`); B = 8, 16, 32, 64 and 128 compiled, ring and two-shot, rotated
+/// or not, and the case files and random modules compile there
+/// (tests/compilers.rs, `scripts/compiler-campaign`).
+const MIN_TILED_BLOCK: usize = 8;
+
 impl QuantizeCollectives {
-    /// The options the chooser works with at the module's stage. Past a
-    /// backend's tiling assignment (XLA:TPU's hook) a rotation's `dot`
-    /// would reach TPU lowering bare, which refuses it: `auto` there means
-    /// unrotated, and a rotation asked for is a skip that says so. Without
-    /// the rotation the defaults' error grows past their budget (on
-    /// gemma-3-270m the unrotated plans cost +0.5 to +0.6 % perplexity,
-    /// BENCHMARKS.md), so there the budget binds: an op no unrotated plan
-    /// keeps within it is left with the budget's reason, unless the options
-    /// fix the rotation (`none`) or give a budget of their own.
-    fn stage_options(&self) -> Result<Cow<'_, Options>, SkipReason> {
-        if self.stage != Stage::Tiled {
-            return Ok(Cow::Borrowed(&self.options));
-        }
-        match self.options.rotation {
-            Some(Rotation::Hadamard) => Err(SkipReason::RotationAtTiledStage),
-            Some(Rotation::None) => Ok(Cow::Borrowed(&self.options)),
-            None => {
-                let mut options = self.options.clone();
-                options.rotation = Some(Rotation::None);
-                if self.budget_binds_here() {
-                    options.max_error_pct = Some(DEFAULT_BUDGET_PCT);
-                }
-                Ok(Cow::Owned(options))
-            }
-        }
-    }
-
-    /// Whether [`Self::stage_options`] made the default budget binding: at
-    /// the tiled stage, with neither the rotation nor a budget given.
-    fn budget_binds_here(&self) -> bool {
-        self.stage == Stage::Tiled
-            && self.options.rotation.is_none()
-            && self.options.max_error_pct.is_none()
-    }
-
-    /// `reason` as the stage explains it: a budget the tiled stage made
-    /// binding says so.
-    fn at_stage(&self, reason: SkipReason) -> SkipReason {
-        match reason {
-            SkipReason::OverBudget {
-                budget,
-                best,
-                predicted,
-            } if self.budget_binds_here() => SkipReason::UnrotatedOverBudget {
-                budget,
-                best,
-                predicted,
-            },
-            other => other,
-        }
-    }
-
     /// Examines, chooses for and (if it pays) rewrites one collective of
     /// computation `comp_id`; returns its report entry.
     fn decide(
@@ -223,12 +178,16 @@ impl QuantizeCollectives {
         };
         entry.basis = Some(basis);
         entry.prediction = Some(said);
-        let decision = self.stage_options().and_then(|options| {
-            let c = eligibility::examine(module, comp, instr, &options, &self.counts)?;
-            choose(&c, data, &options)
-                .map(|choice| (c, choice))
-                .map_err(|reason| self.at_stage(reason))
-        });
+        let block = self.options.block_size;
+        let decision = if self.stage == Stage::Tiled && block < MIN_TILED_BLOCK {
+            Err(SkipReason::SmallBlockAtTiledStage {
+                block,
+                min: MIN_TILED_BLOCK,
+            })
+        } else {
+            eligibility::examine(module, comp, instr, &self.options, &self.counts)
+                .and_then(|c| choose(&c, data, &self.options).map(|choice| (c, choice)))
+        };
         match decision {
             Err(reason) => {
                 if let SkipReason::NotFaster { time, .. } = &reason {

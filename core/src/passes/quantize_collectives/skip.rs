@@ -33,13 +33,12 @@ pub enum SkipReason {
     #[error("inside a fusion computation")]
     InFusion,
     #[error(
-        "a rotation was asked for, but the module is past a backend's tiling assignment \
-         (XLA:TPU's pre-scheduler hook), where a rotation's dot would reach TPU lowering \
-         outside a fusion, which it refuses; use --rotation none or auto (unrotated there), \
-         or rewrite the program before XLA (equarx.jax.rewrite_lowered), where XLA fuses \
-         the rotation itself"
+        "blocks of {block} past a backend's tiling assignment (XLA:TPU's pre-scheduler hook): \
+         libtpu takes blocks of {min} or more there (under that a rotation's matrix fails its \
+         layout check, and blocks of 1 abort the compile); use --block-size {min} or more, or \
+         rewrite the program before XLA (equarx.jax.rewrite_lowered)"
     )]
-    RotationAtTiledStage,
+    SmallBlockAtTiledStage { block: usize, min: usize },
     #[error("has control dependencies")]
     ControlDependencies,
     #[error("a -start without a single -done user")]
@@ -94,17 +93,6 @@ pub enum SkipReason {
         "no configuration meets the error budget of {budget}% (the most exact, {best}, predicts {predicted:.2}%)"
     )]
     OverBudget {
-        budget: f64,
-        best: String,
-        predicted: f64,
-    },
-    #[error(
-        "past a backend's tiling assignment (XLA:TPU's pre-scheduler hook) no rotation is emitted, \
-         and no unrotated configuration meets the default error budget of {budget}% (the most \
-         exact, {best}, predicts {predicted:.2}%): give --rotation none or --max-error to take it, \
-         or rewrite the program before XLA (equarx.jax.rewrite_lowered), where it rotates"
-    )]
-    UnrotatedOverBudget {
         budget: f64,
         best: String,
         predicted: f64,

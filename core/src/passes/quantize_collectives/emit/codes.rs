@@ -348,7 +348,7 @@ impl Emitter<'_, '_, '_> {
         // The product over the blocks as rows of a matrix: XLA:GPU's dot
         // emitter takes one non-contracting dimension a side.
         let rows = self.blocks(&codes);
-        let turned = self.b.dot(&rows, &h, 1, 0, Precision::Default);
+        let turned = self.product(&rows, &h, Precision::Default);
         let turned = self.b.reshape(&turned, &dims);
         // The norm scales the scale, or is in the matrix already.
         let scale = if self.norm_folded() {

@@ -94,13 +94,22 @@ impl Emitter<'_, '_, '_> {
         };
         // Entries ±1 (or ±2^-k, when the norm is folded in): every product
         // is exact, so a backend's fused multiply-adds change nothing.
-        let summed = self.b.dot(&blocks, &h, 1, 0, precision);
+        let summed = self.product(&blocks, &h, precision);
         if self.norm_folded() {
             summed
         } else {
             let bl = self.plan().block();
             let norm = self.splat(Const::F32(hadamard_norm(bl).to_bits()), summed.dims());
             self.b.multiply(&summed, &norm)
+        }
+    }
+
+    /// `rows [m, B]` times the B×B `h`: a `dot`, or past XLA:TPU's fusion
+    /// ([`Stage::Tiled`]) the fused convolution libtpu makes of one.
+    pub(super) fn product(&mut self, rows: &Value, h: &Value, precision: Precision) -> Value {
+        match self.inputs.stage {
+            Stage::Tiled => self.b.fused_product(rows, h, precision),
+            Stage::PreFusion | Stage::Fused => self.b.dot(rows, h, 1, 0, precision),
         }
     }
 
