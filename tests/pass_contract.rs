@@ -600,6 +600,36 @@ fn past_xla_tpu_tiling_a_rotation_is_a_fused_convolution_never_a_bare_dot() {
     }
 }
 
+#[test]
+fn past_xla_tpu_tiling_the_time_model_charges_the_kernels_of_its_hook() {
+    // Nothing fuses what the pass emits there: the same plan costs more
+    // launches than before XLA's fusion, so it pays from larger sizes.
+    let (m, counts) = psum_of(&[4096, 1024]);
+    let predicted = |stage: Stage| {
+        let o = options(|p| {
+            p.stage = Some(stage);
+            p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
+            p.rotation = Some(equarx::plan::Rotation::Hadamard);
+        });
+        let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+        let t = r.report[0].predicted_time.clone().expect("a prediction");
+        (t.equarx_us, t.baseline_us)
+    };
+    let (tiled, tiled_base) = predicted(Stage::Tiled);
+    let (before, before_base) = predicted(Stage::PreFusion);
+    assert_eq!(tiled_base, before_base, "the plain all-reduce is the same");
+    // Two phases (exchange, gather) of the hook's kernels against those
+    // before fusion, each launch at the topology's latency.
+    let v5e = equarx::cost::Topology::parse("v5e").unwrap();
+    let hook = equarx::cost::TPU_HOOK_KERNELS.phase;
+    let launches = 2.0 * (hook - v5e.kernels.phase);
+    let want = launches * v5e.kernel_latency_us;
+    assert!(
+        launches > 0.0 && ((tiled - before) - want).abs() < 1e-6 * want,
+        "hook {tiled} us, before fusion {before} us: {want} us more expected"
+    );
+}
+
 fn added_instructions(
     before: &equarx::proto::HloModuleProto,
     after: &equarx::proto::HloModuleProto,

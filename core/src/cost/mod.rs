@@ -107,6 +107,19 @@ const TPU_KERNELS: Kernels = Kernels {
     source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
+/// XLA:TPU at its pre-scheduler hook (libtpu 0.0.42.1, v5e:2x2), where
+/// the module is tiled and fused and every op equarx emits but the
+/// rotation's fused product is a kernel of its own: the ring's loop body
+/// and condition are 66 kernels for 2 lanes; 55 outside the loop, the
+/// gather included; two-shot is 93 in all (commit 3051232). The pass
+/// charges these at that stage ([`Topology::with_kernels`]).
+pub const TPU_HOOK_KERNELS: Kernels = Kernels {
+    ring_hop: 33.0,
+    ring_phase: 8.5,
+    phase: 46.5,
+    source: "XLA:TPU (libtpu 0.0.42.1) compiled at its hook",
+};
+
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
 /// ring's loop body is 6 kernels and its condition 1, for 2 lanes (a
 /// quantize per lane, one add-and-absmax for both, the counter and the
@@ -181,6 +194,13 @@ impl Topology {
             }
         }
         Ok(t)
+    }
+
+    /// The same topology, its rewrite's kernels counted as `kernels` (what
+    /// another stage of its compiler makes of the same plans).
+    pub fn with_kernels(mut self, kernels: Kernels) -> Topology {
+        self.kernels = kernels;
+        self
     }
 
     /// A switched fabric (NVSwitch): every pattern gets the full egress.

@@ -50,6 +50,7 @@ use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage};
+use crate::cost::TPU_HOOK_KERNELS;
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
@@ -75,8 +76,13 @@ impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
     /// module's device counts and its stage in XLA's pipeline; the platform
     /// the options leave to `auto` is resolved here, once.
-    pub fn new(options: Options, counts: DeviceCounts, stage: Stage) -> Self {
+    pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
         let platform = Platform::resolve(options.platform, stage, &options.topology);
+        // Past XLA:TPU's tiling nothing fuses what the pass emits: the time
+        // model charges the kernels libtpu makes of a rewrite there.
+        if stage == Stage::Tiled {
+            options.topology = options.topology.clone().with_kernels(TPU_HOOK_KERNELS);
+        }
         QuantizeCollectives {
             options,
             counts,
