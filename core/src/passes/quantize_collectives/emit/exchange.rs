@@ -7,7 +7,7 @@ use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
 use crate::passes::quantize_collectives::groups::IdSpace;
-use crate::plan::{Axis, Rotation};
+use crate::plan::{Axis, Rotation, Wire};
 
 impl Emitter<'_, '_, '_> {
     /// Reduce-scatter over the whole group by one all-to-all: every slice
@@ -28,7 +28,8 @@ impl Emitter<'_, '_, '_> {
         let received = self.send_rows(held);
         // Rank k's part is [k] of [P, nb, B]: the halves are runs along the
         // major dimension, which no backend's tiling splits.
-        let mut rows = self.dequantize(&received);
+        let rows = self.dequantize(&received);
+        let mut rows = self.b.reshape(&rows, &[p, nb, bl]);
         let mut n = p;
         while n > 1 {
             let h = n / 2;
@@ -55,7 +56,19 @@ impl Emitter<'_, '_, '_> {
             plan.chunk as i64,
             plan.block() as i64,
         );
-        let blocks = self.b.reshape(held, &[p, c / bl, bl]);
+        // Codes and scales apart (XLA:TPU), the blocks are viewed `[P,
+        // nb/128, 128, B]`: the scales come out of their reduce as `[P,
+        // nb/128, 128]`, the rank over 2 libtpu's all-to-all takes, in the
+        // layout the reduce gave them, where a reshape of `[P, nb]` to it
+        // was a relayout kernel (one an op; BENCHMARKS.md, "The exchange's
+        // blocks in rows of 128 on XLA:TPU").
+        let nb = c / bl;
+        let view = if plan.config.wire == Wire::Split && nb % 128 == 0 {
+            vec![p, nb / 128, 128, bl]
+        } else {
+            vec![p, nb, bl]
+        };
+        let blocks = self.b.reshape(held, &view);
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
         let wire = self.wire(&message);
@@ -114,9 +127,12 @@ impl Emitter<'_, '_, '_> {
     /// (and rotated back): f32 `[P·c/B, B]`, row k from rank k.
     pub(super) fn scatter(&mut self, held: &Value) -> Value {
         let received = self.send_rows(held);
-        match self.plan().config.rotation {
+        let rows = match self.plan().config.rotation {
             Rotation::Hadamard => self.dequantize_rotated(&received),
             Rotation::None => self.dequantize(&received),
-        }
+        };
+        let plan = self.plan();
+        let (p, bl) = (plan.group_size as i64, plan.block() as i64);
+        self.b.reshape(&rows, &[p, plan.chunk as i64 / bl, bl])
     }
 }
