@@ -99,11 +99,11 @@ pub struct Kernels {
 /// rotated plans; a message's codes and scales apart, the form equarx
 /// emits for XLA:TPU): the ring's loop body is 16 kernels and its
 /// condition 1, for 2 lanes; 26 kernels outside the loop, the gather
-/// included; two-shot is 18 kernels in all.
+/// included; two-shot is 17 kernels in all.
 const TPU_KERNELS: Kernels = Kernels {
     ring_hop: 8.5,
-    ring_phase: 17.0,
-    phase: 9.0,
+    ring_phase: 17.5,
+    phase: 8.5,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
