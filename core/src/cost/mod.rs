@@ -112,7 +112,7 @@ const TPU_KERNELS: Kernels = Kernels {
 /// rotation's fused product is a kernel of its own: the ring's loop body
 /// and condition are 66 kernels for 2 lanes; 55 outside the loop, the
 /// gather included; two-shot is 93 in all (commit 3051232). The pass
-/// charges these at that stage ([`Topology::with_kernels`]).
+/// charges these at that stage (`QuantizeCollectives::new`).
 pub const TPU_HOOK_KERNELS: Kernels = Kernels {
     ring_hop: 33.0,
     ring_phase: 8.5,
@@ -194,13 +194,6 @@ impl Topology {
             }
         }
         Ok(t)
-    }
-
-    /// The same topology, its rewrite's kernels counted as `kernels` (what
-    /// another stage of its compiler makes of the same plans).
-    pub fn with_kernels(mut self, kernels: Kernels) -> Topology {
-        self.kernels = kernels;
-        self
     }
 
     /// A switched fabric (NVSwitch): every pattern gets the full egress.

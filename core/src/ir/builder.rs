@@ -524,10 +524,7 @@ impl<'m> Builder<'m> {
             rhs_contracting_dimensions: vec![rhs_contracting],
             ..Default::default()
         }));
-        i.precision_config = Some(Box::new(PrecisionConfig {
-            operand_precision: vec![precision as i32; 2],
-            ..Default::default()
-        }));
+        i.precision_config = precision_of_both(precision);
         self.add(i, &[lhs, rhs])
     }
 
@@ -557,10 +554,7 @@ impl<'m> Builder<'m> {
             i.window = Some(Box::new(Window::default()));
             i.feature_group_count = 1;
             i.batch_group_count = 1;
-            i.precision_config = Some(Box::new(PrecisionConfig {
-                operand_precision: vec![precision as i32; 2],
-                ..Default::default()
-            }));
+            i.precision_config = precision_of_both(precision);
             b.add(i, &[&p[0], &p[1]])
         });
         let mut f = Self::op_with_shape(Opcode::Fusion, out);
@@ -693,6 +687,14 @@ impl<'m> Builder<'m> {
             iota_replica_group_list: None,
         })
     }
+}
+
+/// `precision` for both operands of a product.
+fn precision_of_both(precision: Precision) -> Option<Box<PrecisionConfig>> {
+    Some(Box::new(PrecisionConfig {
+        operand_precision: vec![precision as i32; 2],
+        ..Default::default()
+    }))
 }
 
 /// Builds computation `name(params...)` into `module` with `f` (as

@@ -81,7 +81,7 @@ impl QuantizeCollectives {
         // Past XLA:TPU's tiling nothing fuses what the pass emits: the time
         // model charges the kernels libtpu makes of a rewrite there.
         if stage == Stage::Tiled {
-            options.topology = options.topology.clone().with_kernels(TPU_HOOK_KERNELS);
+            options.topology.kernels = TPU_HOOK_KERNELS;
         }
         QuantizeCollectives {
             options,

@@ -21,10 +21,8 @@ impl Emitter<'_, '_, '_> {
     /// result would then hang on it; the adds fix the order the simulator
     /// follows on every backend.
     pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
-        let plan = self.plan();
-        debug_assert!(axes.len() == 1 && axis.size == plan.group_size);
-        let (p, bl) = (plan.group_size as i64, plan.block() as i64);
-        let nb = plan.chunk as i64 / bl;
+        debug_assert!(axes.len() == 1 && axis.size == self.plan().group_size);
+        let [p, nb, bl] = self.rows_dims();
         let received = self.send_rows(held);
         // Rank k's part is [k] of [P, nb, B]: the halves are runs along the
         // major dimension, which no backend's tiling splits.
@@ -46,24 +44,26 @@ impl Emitter<'_, '_, '_> {
         self.b.reshape(&rows, &[nb, bl])
     }
 
+    /// The dimensions of the rows an all-to-all of blocks moves: `[P,
+    /// c/B, B]`, part k for rank k.
+    fn rows_dims(&self) -> [i64; 3] {
+        let plan = self.plan();
+        let bl = plan.block() as i64;
+        [plan.group_size as i64, plan.chunk as i64 / bl, bl]
+    }
+
     /// Every row of `held` (`[P, c/B, B]`) quantized once, row k sent to
     /// rank k; returns what arrives, row k from rank k: the message of
     /// `[P, c/B]` blocks.
     pub(super) fn send_rows(&mut self, held: &Value) -> Message {
-        let plan = self.plan();
-        let (p, c, bl) = (
-            plan.group_size as i64,
-            plan.chunk as i64,
-            plan.block() as i64,
-        );
+        let [p, nb, bl] = self.rows_dims();
         // Codes and scales apart (XLA:TPU), the blocks are viewed `[P,
         // nb/128, 128, B]`: the scales come out of their reduce as `[P,
         // nb/128, 128]`, the rank over 2 libtpu's all-to-all takes, in the
         // layout the reduce gave them, where a reshape of `[P, nb]` to it
         // was a relayout kernel (one an op; BENCHMARKS.md, "The exchange's
         // blocks in rows of 128 on XLA:TPU").
-        let nb = c / bl;
-        let view = if plan.config.wire == Wire::Split && nb % 128 == 0 {
+        let view = if self.plan().config.wire == Wire::Split && nb % 128 == 0 {
             vec![p, nb / 128, 128, bl]
         } else {
             vec![p, nb, bl]
@@ -131,8 +131,6 @@ impl Emitter<'_, '_, '_> {
             Rotation::Hadamard => self.dequantize_rotated(&received),
             Rotation::None => self.dequantize(&received),
         };
-        let plan = self.plan();
-        let (p, bl) = (plan.group_size as i64, plan.block() as i64);
-        self.b.reshape(&rows, &[p, plan.chunk as i64 / bl, bl])
+        self.b.reshape(&rows, &self.rows_dims())
     }
 }
