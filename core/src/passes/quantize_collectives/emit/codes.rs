@@ -60,6 +60,22 @@ impl Emitter<'_, '_, '_> {
         // it, so codes and scale agree (see crate::numerics).
         let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
         let scale = self.b.reduce_precision(&raw, mantissa);
+        // Scales apart on the wire and the module not yet fused (XLA:TPU,
+        // the door before XLA), the reciprocal is taken of the scale as it
+        // travels, decoded from its wire bits (the same value): bits and
+        // reciprocal are then a chain, which libtpu fuses into one
+        // multi-output kernel, where two users of the scale were a kernel
+        // each (one an op's quantize; BENCHMARKS.md, "The reciprocal from
+        // the wire's scale on XLA:TPU"). Past the fusion every op is a
+        // kernel, and the decode would be two more.
+        let (scale, bits) = if self.plan().config.wire == Wire::Split
+            && matches!(self.inputs.stage, Stage::PreFusion)
+        {
+            let bits = self.scale_bits(&scale);
+            (self.scale_of_bits(&bits), Some(bits))
+        } else {
+            (scale, None)
+        };
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
         // every backend and block count on the same arithmetic.
@@ -100,6 +116,7 @@ impl Emitter<'_, '_, '_> {
         Message {
             codes,
             scales: scale,
+            bits,
         }
     }
 
@@ -111,19 +128,15 @@ impl Emitter<'_, '_, '_> {
     /// truncating converts: backends compile no width-changing
     /// bitcast-convert this late.
     pub(super) fn wire(&mut self, message: &Message) -> Vec<Value> {
-        let lead = message.scales.dims().to_vec();
-        let bits = self.b.bitcast_convert(&message.scales, PrimitiveType::S32);
         if self.plan().config.wire == Wire::Split {
-            let bits = match self.plan().scale_type() {
-                ScaleType::F32 => bits,
-                ScaleType::Bf16 => {
-                    let sixteen = self.splat(Const::S32(16), &lead);
-                    let high = self.b.binary(Opcode::ShiftRightLogical, &bits, &sixteen);
-                    self.b.convert(&high, PrimitiveType::U16)
-                }
+            let bits = match &message.bits {
+                Some(bits) => bits.clone(),
+                None => self.scale_bits(&message.scales),
             };
             return vec![message.codes.clone(), bits];
         }
+        let lead = message.scales.dims().to_vec();
+        let bits = self.b.bitcast_convert(&message.scales, PrimitiveType::S32);
         let width = self.plan().scale_type().bytes() as i64;
         let mut row = lead.clone();
         row.push(width);
@@ -188,19 +201,10 @@ impl Emitter<'_, '_, '_> {
     /// `Reducers::add_to`) is the fewest ops.
     pub(super) fn unwire(&mut self, wire: &[Value]) -> Message {
         if let [codes, bits] = wire {
-            let lead = bits.dims().to_vec();
-            let bits = match self.plan().scale_type() {
-                ScaleType::F32 => bits.clone(),
-                ScaleType::Bf16 => {
-                    let wide = self.b.convert(bits, PrimitiveType::S32);
-                    let sixteen = self.splat(Const::S32(16), &lead);
-                    self.b.binary(Opcode::ShiftLeft, &wide, &sixteen)
-                }
-            };
-            let scales = self.b.bitcast_convert(&bits, PrimitiveType::F32);
             return Message {
                 codes: codes.clone(),
-                scales,
+                scales: self.scale_of_bits(bits),
+                bits: Some(bits.clone()),
             };
         }
         let wire = &wire[0];
@@ -238,7 +242,39 @@ impl Emitter<'_, '_, '_> {
             }
         };
         let scales = self.b.bitcast_convert(&bits, PrimitiveType::F32);
-        Message { codes, scales }
+        Message {
+            codes,
+            scales,
+            bits: None,
+        }
+    }
+
+    /// Scales (f32 `[..]`) as they travel apart from their codes: u16,
+    /// the high half of their f32 bits, for bf16 scales; s32, all of
+    /// them, for f32 ones.
+    fn scale_bits(&mut self, scales: &Value) -> Value {
+        let bits = self.b.bitcast_convert(scales, PrimitiveType::S32);
+        match self.plan().scale_type() {
+            ScaleType::F32 => bits,
+            ScaleType::Bf16 => {
+                let sixteen = self.splat(Const::S32(16), scales.dims());
+                let high = self.b.binary(Opcode::ShiftRightLogical, &bits, &sixteen);
+                self.b.convert(&high, PrimitiveType::U16)
+            }
+        }
+    }
+
+    /// The inverse of [`Self::scale_bits`].
+    fn scale_of_bits(&mut self, bits: &Value) -> Value {
+        let bits = match self.plan().scale_type() {
+            ScaleType::F32 => bits.clone(),
+            ScaleType::Bf16 => {
+                let wide = self.b.convert(bits, PrimitiveType::S32);
+                let sixteen = self.splat(Const::S32(16), bits.dims());
+                self.b.binary(Opcode::ShiftLeft, &wide, &sixteen)
+            }
+        };
+        self.b.bitcast_convert(&bits, PrimitiveType::F32)
     }
 
     /// The right shifts that bring each wire byte of a scale's f32 bits to

@@ -155,6 +155,9 @@ struct Message {
     codes: Value,
     /// f32 `[..]`, one per block: the scales (bf16 values for bf16 scales).
     scales: Value,
+    /// The scales as they travel apart from the codes
+    /// ([`Emitter::wire`], [`Wire::Split`]), where they were made first.
+    bits: Option<Value>,
 }
 
 /// A scalar constant, by type and bits.
