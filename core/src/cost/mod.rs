@@ -97,13 +97,13 @@ pub struct Kernels {
 
 /// XLA:TPU (libtpu 0.0.42.1, v5e:2x2, the door before XLA, which carries
 /// rotated plans; a message's codes and scales apart, the form equarx
-/// emits for XLA:TPU): the ring's loop body is 16 kernels and its
-/// condition 1, for 2 lanes; 26 kernels outside the loop, the gather
-/// included; two-shot is 17 kernels in all.
+/// emits for XLA:TPU): the ring's loop body is 14 kernels and its
+/// condition 1, for 2 lanes; 25 kernels outside the loop, the gather
+/// included; two-shot is 15 kernels in all (commit e4d203a).
 const TPU_KERNELS: Kernels = Kernels {
-    ring_hop: 8.5,
+    ring_hop: 7.5,
     ring_phase: 17.5,
-    phase: 8.5,
+    phase: 7.5,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
