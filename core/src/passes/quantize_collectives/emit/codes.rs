@@ -68,9 +68,7 @@ impl Emitter<'_, '_, '_> {
         // each (one an op's quantize; BENCHMARKS.md, "The reciprocal from
         // the wire's scale on XLA:TPU"). Past the fusion every op is a
         // kernel, and the decode would be two more.
-        let (scale, bits) = if self.plan().config.wire == Wire::Split
-            && matches!(self.inputs.stage, Stage::PreFusion)
-        {
+        let (scale, bits) = if self.split_before_fusion() {
             let bits = self.scale_bits(&scale);
             (self.scale_of_bits(&bits), Some(bits))
         } else {
@@ -247,6 +245,14 @@ impl Emitter<'_, '_, '_> {
             scales,
             bits: None,
         }
+    }
+
+    /// Whether the scales travel apart from their codes ([`Wire::Split`],
+    /// XLA:TPU's form) into a module the compiler is still to fuse
+    /// ([`Stage::PreFusion`]): there the forms that let libtpu fuse more
+    /// are emitted, which past its fusion would be ops of their own.
+    pub(super) fn split_before_fusion(&self) -> bool {
+        self.plan().config.wire == Wire::Split && matches!(self.inputs.stage, Stage::PreFusion)
     }
 
     /// Scales (f32 `[..]`) as they travel apart from their codes: u16,

@@ -9,20 +9,61 @@ use crate::passes::Stage;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Rotation, Wire};
 
+/// The most ranks whose parts an exchange dequantizes one by one before
+/// XLA:TPU's fusion ([`Emitter::exchange`]): a host's chips (v5e:2x4), and
+/// a rewrite within its instruction budget at any group size
+/// (`tests/pass_contract.rs`).
+const MAX_PARTS_APART: i64 = 8;
+
 impl Emitter<'_, '_, '_> {
     /// Reduce-scatter over the whole group by one all-to-all: every slice
     /// quantized once, the owner's sum of the dequantized slices. `held` is
     /// `[P, c/B, B]`; returns f32 `[c/B, B]`.
     ///
-    /// The sum is adds of halves (`numerics::simulate::pairwise_sum`, about
-    /// 3·log₂P instructions), not a `reduce`: a reduce's order is the
-    /// backend's (XLA:CPU hands large ones to YNNPACK, which reassociates),
-    /// and where the codes' sums are not exact (fp8's, f32 scales') the
-    /// result would then hang on it; the adds fix the order the simulator
-    /// follows on every backend.
+    /// The sum is adds of halves (`numerics::simulate::pairwise_sum`), not
+    /// a `reduce`: a reduce's order is the backend's (XLA:CPU hands large
+    /// ones to YNNPACK, which reassociates), and where the codes' sums are
+    /// not exact (fp8's, f32 scales') the result would then hang on it; the
+    /// adds fix the order the simulator follows on every backend.
+    ///
+    /// Where the compiler fuses what follows and the scales travel apart
+    /// (XLA:TPU before its fusion, [`Self::split_before_fusion`]), each
+    /// rank's part is unwired and dequantized from its own rows of what
+    /// arrived, so the sum is an elementwise function of the wire, and
+    /// libtpu fuses the dequantize, every add and the next quantize's
+    /// block maxima into one kernel, where the dequantized message was a
+    /// kernel and its view for the adds a relayout (BENCHMARKS.md, "The
+    /// exchange's sum from the wire's rows on XLA:TPU"). That costs about
+    /// 9 instructions a rank, so it is done up to [`MAX_PARTS_APART`]
+    /// ranks. Elsewhere the halves are slices of the one dequantized
+    /// message: about 3·log₂P instructions, where every op is a kernel
+    /// past fusion.
     pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
         debug_assert!(axes.len() == 1 && axis.size == self.plan().group_size);
         let [p, nb, bl] = self.rows_dims();
+        if self.split_before_fusion() && p <= MAX_PARTS_APART {
+            let arrived = self.send_rows_wire(held);
+            let mut parts: Vec<Value> = (0..p)
+                .map(|k| {
+                    let rows: Vec<Value> = arrived
+                        .iter()
+                        .map(|array| self.major_rows(array, k, k + 1))
+                        .collect();
+                    let message = self.unwire(&rows);
+                    self.dequantize(&message)
+                })
+                .collect();
+            // Halves added, the odd one out carried: the order below.
+            while parts.len() > 1 {
+                let h = parts.len() / 2;
+                let mut sums: Vec<Value> = (0..h)
+                    .map(|k| self.b.binary(Opcode::Add, &parts[k], &parts[k + h]))
+                    .collect();
+                sums.extend(parts.get(2 * h).cloned());
+                parts = sums;
+            }
+            return self.b.reshape(&parts[0], &[nb, bl]);
+        }
         let received = self.send_rows(held);
         // Rank k's part is [k] of [P, nb, B]: the halves are runs along the
         // major dimension, which no backend's tiling splits.
@@ -31,17 +72,25 @@ impl Emitter<'_, '_, '_> {
         let mut n = p;
         while n > 1 {
             let h = n / 2;
-            let left = self.b.slice(&rows, &[0, 0, 0], &[h, nb, bl]);
-            let right = self.b.slice(&rows, &[h, 0, 0], &[2 * h, nb, bl]);
+            let left = self.major_rows(&rows, 0, h);
+            let right = self.major_rows(&rows, h, 2 * h);
             let mut sum = self.b.binary(Opcode::Add, &left, &right);
             if n % 2 == 1 {
-                let carry = self.b.slice(&rows, &[2 * h, 0, 0], &[n, nb, bl]);
+                let carry = self.major_rows(&rows, 2 * h, n);
                 sum = self.b.concatenate(&[sum, carry], 0);
             }
             rows = sum;
             n = h + n % 2;
         }
         self.b.reshape(&rows, &[nb, bl])
+    }
+
+    /// Rows `from..to` of `array` along its major dimension.
+    fn major_rows(&mut self, array: &Value, from: i64, to: i64) -> Value {
+        let dims = array.dims().to_vec();
+        let (mut starts, mut limits) = (vec![0; dims.len()], dims);
+        (starts[0], limits[0]) = (from, to);
+        self.b.slice(array, &starts, &limits)
     }
 
     /// The dimensions of the rows an all-to-all of blocks moves: `[P,
@@ -56,6 +105,13 @@ impl Emitter<'_, '_, '_> {
     /// rank k; returns what arrives, row k from rank k: the message of
     /// `[P, c/B]` blocks.
     pub(super) fn send_rows(&mut self, held: &Value) -> Message {
+        let arrived = self.send_rows_wire(held);
+        self.unwire(&arrived)
+    }
+
+    /// [`Self::send_rows`]'s arrays as they arrive, before they are
+    /// unwired: each `[P, ..]`, part k from rank k.
+    fn send_rows_wire(&mut self, held: &Value) -> Vec<Value> {
         let [p, nb, bl] = self.rows_dims();
         // Codes and scales apart (XLA:TPU), the blocks are viewed `[P,
         // nb/128, 128, B]`: the scales come out of their reduce as `[P,
@@ -72,8 +128,7 @@ impl Emitter<'_, '_, '_> {
         let blocks = self.f32(&blocks);
         let message = self.quantize(&blocks);
         let wire = self.wire(&message);
-        let arrived = self.carry(&wire, 1, |e, sent| e.all_to_all_rows(sent, p));
-        self.unwire(&arrived)
+        self.carry(&wire, 1, |e, sent| e.all_to_all_rows(sent, p))
     }
 
     /// `array`'s P equal parts along its first dimension (`[P, ..]`, or
@@ -96,12 +151,7 @@ impl Emitter<'_, '_, '_> {
             // assignment gives (`all_to_all_emitter.cc` refuses an untiled
             // one); past that the tuple form is what it takes.
             let pieces: Vec<Value> = (0..p)
-                .map(|k| {
-                    let mut starts = vec![0; dims.len()];
-                    let mut limits = dims.clone();
-                    (starts[0], limits[0]) = (k * rows, (k + 1) * rows);
-                    self.b.slice(array, &starts, &limits)
-                })
+                .map(|k| self.major_rows(array, k * rows, (k + 1) * rows))
                 .collect();
             let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
             let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
