@@ -18,9 +18,28 @@ impl Emitter<'_, '_, '_> {
         let plan = self.plan();
         let p = plan.group_size as i64;
         let blocks = self.blocks(owned);
+        let [nb, bl] = [blocks.dims()[0], blocks.dims()[1]];
+        // Before XLA:TPU's fusion an all-gather's blocks are viewed `[nb/128,
+        // 128, B]`, the view the exchange's sum comes from: the owned blocks
+        // then need no relayout to `[nb, B]` (BENCHMARKS.md, "The gather's
+        // blocks in rows of 128 on XLA:TPU").
+        let view = (self.split_before_fusion()
+            && nb % 128 == 0
+            && plan.config.gather == GatherForm::AllGather)
+            .then_some([nb / 128, 128]);
+        let blocks = match view {
+            Some([rows, lanes]) => self.b.reshape(&blocks, &[rows, lanes, bl]),
+            None => blocks,
+        };
         let blocks = self.f32(&blocks);
         let message = match largest {
-            Some(largest) => self.quantize_with(&blocks, &largest),
+            Some(largest) => {
+                let largest = match view {
+                    Some(lead) => self.b.reshape(&largest, &lead),
+                    None => largest,
+                };
+                self.quantize_with(&blocks, &largest)
+            }
             None => self.quantize(&blocks),
         };
         let wire = self.wire(&message);
@@ -38,10 +57,11 @@ impl Emitter<'_, '_, '_> {
             GatherForm::Permute => self.relay(&wire, rank),
         };
         let all = self.unwire(&all);
-        match plan.config.rotation {
+        let all = match plan.config.rotation {
             Rotation::Hadamard => self.dequantize_rotated(&all),
             Rotation::None => self.dequantize(&all),
-        }
+        };
+        self.b.reshape(&all, &[p * nb, bl])
     }
 
     /// Every rank's message (each array `[nb, ..]`), stacked in rank order
