@@ -41,7 +41,7 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn exchange(&mut self, held: &Value, axes: &[Axis], axis: Axis) -> Value {
         debug_assert!(axes.len() == 1 && axis.size == self.plan().group_size);
         let [p, nb, bl] = self.rows_dims();
-        if self.split_before_fusion() && p <= MAX_PARTS_APART {
+        if self.sums_parts_apart(p) {
             let arrived = self.send_rows_wire(held);
             let mut parts: Vec<Value> = (0..p)
                 .map(|k| {
@@ -83,6 +83,12 @@ impl Emitter<'_, '_, '_> {
             n = h + n % 2;
         }
         self.b.reshape(&rows, &[nb, bl])
+    }
+
+    /// Whether an exchange over `p` ranks sums each rank's part from its
+    /// own rows of the wire ([`Self::exchange`]).
+    pub(super) fn sums_parts_apart(&self, p: i64) -> bool {
+        self.split_before_fusion() && p <= MAX_PARTS_APART
     }
 
     /// Rows `from..to` of `array` along its major dimension.

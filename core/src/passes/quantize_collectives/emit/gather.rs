@@ -14,18 +14,26 @@ impl Emitter<'_, '_, '_> {
     /// every participant ends with bit-identical results. Returns f32
     /// `[P·c/B, B]`. `largest`: the owned blocks' [`Self::largest`] bits,
     /// where the phase before made them.
-    pub(super) fn gather(&mut self, owned: &Value, largest: Option<Value>, rank: &Value) -> Value {
+    ///
+    /// `from_parts`: the owned chunk is the sum of an exchange that summed
+    /// each rank's part apart ([`Self::sums_parts_apart`]).
+    pub(super) fn gather(
+        &mut self,
+        owned: &Value,
+        largest: Option<Value>,
+        rank: &Value,
+        from_parts: bool,
+    ) -> Value {
         let plan = self.plan();
         let p = plan.group_size as i64;
         let blocks = self.blocks(owned);
         let [nb, bl] = [blocks.dims()[0], blocks.dims()[1]];
-        // Before XLA:TPU's fusion an all-gather's blocks are viewed `[nb/128,
-        // 128, B]`, the view the exchange's sum comes from: the owned blocks
-        // then need no relayout to `[nb, B]` (BENCHMARKS.md, "The gather's
-        // blocks in rows of 128 on XLA:TPU").
-        let view = (self.split_before_fusion()
-            && nb % 128 == 0
-            && plan.config.gather == GatherForm::AllGather)
+        // After an exchange that summed its parts apart, an all-gather's
+        // blocks are viewed `[nb/128, 128, B]`, the view that sum comes
+        // from: the owned blocks then need no relayout to `[nb, B]`
+        // (BENCHMARKS.md, "The gather's blocks in rows of 128 on XLA:TPU").
+        // After a ring the view would cost relayouts instead.
+        let view = (from_parts && nb % 128 == 0 && plan.config.gather == GatherForm::AllGather)
             .then_some([nb / 128, 128]);
         let blocks = match view {
             Some([rows, lanes]) => self.b.reshape(&blocks, &[rows, lanes, bl]),

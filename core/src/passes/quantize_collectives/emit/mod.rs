@@ -129,7 +129,11 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
                 held = e.exchange(&held, &axes, axis);
                 axes.retain(|a| *a != axis);
             }
-            Phase::Gather => values = Some(e.gather(&held, largest.take(), &rank)),
+            Phase::Gather => {
+                let from_parts = matches!(k.checked_sub(1).map(|j| &plan.phases[j]),
+                    Some(Phase::Exchange { axis }) if e.sums_parts_apart(axis.size as i64));
+                values = Some(e.gather(&held, largest.take(), &rank, from_parts));
+            }
             Phase::Scatter => values = Some(e.scatter(&held)),
         }
     }
