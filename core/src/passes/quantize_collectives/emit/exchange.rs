@@ -92,7 +92,7 @@ impl Emitter<'_, '_, '_> {
     }
 
     /// Rows `from..to` of `array` along its major dimension.
-    fn major_rows(&mut self, array: &Value, from: i64, to: i64) -> Value {
+    pub(super) fn major_rows(&mut self, array: &Value, from: i64, to: i64) -> Value {
         let dims = array.dims().to_vec();
         let (mut starts, mut limits) = (vec![0; dims.len()], dims);
         (starts[0], limits[0]) = (from, to);

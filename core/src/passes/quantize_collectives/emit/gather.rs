@@ -93,10 +93,7 @@ impl Emitter<'_, '_, '_> {
         let mut state = Vec::new();
         for (half, &(dir, lo, hi)) in halves.iter().enumerate() {
             for array in wire {
-                let dims = array.dims().to_vec();
-                let (mut start, mut end) = (vec![0; dims.len()], dims);
-                (start[0], end[0]) = (lo, hi);
-                let part = self.b.slice(array, &start, &end);
+                let part = self.major_rows(array, lo, hi);
                 let part = self.on_wire(&part);
                 let mut dims = part.dims().to_vec();
                 dims.insert(0, 1);
