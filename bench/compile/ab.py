@@ -7,6 +7,10 @@ the real XLA:TPU or XLA:GPU, deviceless.
         --side before=/tmp/old-checkout:/tmp/libequarx-old.so --side after=.:target/debug/libequarx.so \\
         [--rounds 5] [--option NAME=VALUE ...]
 
+A side may add options of its own after a second colon,
+`NAME=CHECKOUT:LIBRARY:OPTION=VALUE,...` (`--side b128=.:target/release/libequarx.so:block_size=128`),
+on top of `--option`: two plans of one library side by side.
+
 `bench/compile/compilers.py` compiles every row in a process of its own,
 and on a shared machine the ratio of two such rows moves by more than most
 changes do. Here each side rewrites the program in a process of its own
@@ -84,9 +88,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--program", default="psum", help="psum, mlp or gemma (default psum)")
     ap.add_argument("--topology", default="v5e:2x2", help="e.g. v5e:2x2, v5e:8x8, h100x4")
-    ap.add_argument("--side", action="append", default=[], metavar="NAME=CHECKOUT:LIBRARY",
-                    help="a checkout whose python/ door rewrites, with its libequarx.so "
-                         "(repeatable, at least one)")
+    ap.add_argument("--side", action="append", default=[],
+                    metavar="NAME=CHECKOUT:LIBRARY[:OPTION=VALUE,...]",
+                    help="a checkout whose python/ door rewrites, with its libequarx.so and "
+                         "options of its own (repeatable, at least one)")
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="a pass option on top of the topology's defaults (VALUE read as JSON "
@@ -101,28 +106,35 @@ def main(argv=None):
         ap.error("give at least one --side NAME=CHECKOUT:LIBRARY")
     options = {"topology": "h100" if compilers.platform(args.topology) == "gpu"
                else args.topology.split(":")[0], "min_payload_bytes": 0}
-    for option in args.option:
-        if "=" not in option:
-            ap.error("--option %r: give NAME=VALUE" % option)
-        name, value = option.split("=", 1)
-        try:
-            options[name] = json.loads(value)
-        except ValueError:
-            options[name] = value
+    def add_options(into, items, flag):
+        for option in items:
+            if "=" not in option:
+                ap.error("%s %r: give NAME=VALUE" % (flag, option))
+            name, value = option.split("=", 1)
+            try:
+                into[name] = json.loads(value)
+            except ValueError:
+                into[name] = value
+        return into
+
+    add_options(options, args.option, "--option")
     texts = {}
     with tempfile.TemporaryDirectory() as tmp:
         for side in args.side:
             name, _, where = side.partition("=")
-            checkout, _, library = where.partition(":")
+            checkout, _, rest = where.partition(":")
+            library, _, own = rest.partition(":")
             if not (name and checkout and library):
-                ap.error("--side %r: give NAME=CHECKOUT:LIBRARY" % side)
+                ap.error("--side %r: give NAME=CHECKOUT:LIBRARY[:OPTION=VALUE,...]" % side)
+            side_options = add_options(dict(options), [o for o in own.split(",") if o],
+                                       "--side %s" % name)
             out = os.path.join(tmp, name + ".mlir")
             env = dict(os.environ, EQUARX_LIB=os.path.abspath(library),
                        PYTHONPATH=os.path.join(os.path.abspath(checkout), "python"),
                        JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1", TF_CPP_MIN_LOG_LEVEL="3")
             subprocess.run([sys.executable, os.path.abspath(__file__), "--rewrite",
                             "--program", args.program, "--topology", args.topology,
-                            "--options", json.dumps(options), "--out", out],
+                            "--options", json.dumps(side_options), "--out", out],
                            env=env, check=True)
             if "original" not in texts:
                 with open(out + ".original") as f:
