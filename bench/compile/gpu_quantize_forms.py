@@ -6,7 +6,9 @@ several forms: which of them its Triton rewriter fuses into one kernel
 
 Every form computes equarx's int8 codes of f32 [rows, 64] blocks: the
 absmax on |x|'s bits with a floor (the reduce's init) and a cap at +Inf,
-the bf16-rounded scale absmax/127, codes = clamp(round(x / scale)).
+the bf16-rounded scale absmax/127, codes = clamp(round(x / scale)); the
+last two rotate the blocks first, by the Hadamard product (what equarx
+emits) or by an elementwise butterfly.
 Prints one line per form: the kernels of the compiled module and their
 fusion kinds (kCustom is a Triton fusion).
 """
@@ -24,6 +26,7 @@ FLOOR, INF_BITS = 67108864, 2139095040
 
 def forms():
     import jax.numpy as jnp
+    import numpy as np
     from jax import lax
 
     def absmax(y, cap_before):
@@ -68,6 +71,26 @@ def forms():
         hi = lax.shift_right_logical(lax.bitcast_convert_type(scale(absmax(y, False)), jnp.int32), 16)
         return c, hi.astype(jnp.uint16)
 
+    hadamard = np.array([[(-1) ** bin(i & j).count("1") for j in range(64)]
+                         for i in range(64)], np.float32) / 8
+
+    def butterfly(y):
+        # H_64 as six add/subtract stages of halves (the order of the sums
+        # fixed by the program, not by a dot's kernel).
+        n, h = y.shape[0], 1
+        while h < 64:
+            v = y.reshape(n, 64 // (2 * h), 2, h)
+            a, b = v[:, :, 0, :], v[:, :, 1, :]
+            y = jnp.stack([a + b, a - b], axis=2).reshape(n, 64)
+            h *= 2
+        return y * 0.125
+
+    def rotated_by_the_product(y):
+        return row_of_codes_then_scale(jnp.dot(y, hadamard, precision=lax.Precision.DEFAULT))
+
+    def rotated_by_a_butterfly(y):
+        return row_of_codes_then_scale(butterfly(y))
+
     def a_hop(y):
         # A ring hop: what arrived dequantized and added to the local part
         # (y's halves stand in for the two), then both quantizations.
@@ -82,6 +105,8 @@ def forms():
         ("codes with a select on the column (iota)", codes_selected_by_column),
         ("codes, then the scales' bits by a second reduce", codes_then_scales_by_a_second_reduce),
         ("a ring hop: dequantize-add, then the line above", a_hop),
+        ("rotated by the 64x64 product, then one row (equarx)", rotated_by_the_product),
+        ("rotated by a six-stage butterfly, then one row", rotated_by_a_butterfly),
     ]
 
 
