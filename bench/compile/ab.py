@@ -107,15 +107,10 @@ def main(argv=None):
     options = {"topology": "h100" if compilers.platform(args.topology) == "gpu"
                else args.topology.split(":")[0], "min_payload_bytes": 0}
     def add_options(into, items, flag):
-        for option in items:
-            if "=" not in option:
-                ap.error("%s %r: give NAME=VALUE" % (flag, option))
-            name, value = option.split("=", 1)
-            try:
-                into[name] = json.loads(value)
-            except ValueError:
-                into[name] = value
-        return into
+        try:
+            return compilers.add_options(into, items)
+        except ValueError as e:
+            ap.error("%s %s" % (flag, e))
 
     add_options(options, args.option, "--option")
     texts = {}

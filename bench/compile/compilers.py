@@ -82,6 +82,21 @@ def gemma(devices):
     return model.tensor_parallel(cfg, mesh, params), [params, tokens]
 
 
+def add_options(into, items):
+    """`NAME=VALUE` pass options (VALUE read as JSON where it parses) added
+    to the dict `into`, which is returned; ValueError names one without
+    `=`."""
+    for option in items:
+        if "=" not in option:
+            raise ValueError("%r: give NAME=VALUE" % option)
+        name, value = option.split("=", 1)
+        try:
+            into[name] = json.loads(value)
+        except ValueError:
+            into[name] = value
+    return into
+
+
 def program(name, devices):
     import jax
     import jax.numpy as jnp
@@ -120,12 +135,7 @@ def one(args):
     # nothing about what a rewrite costs).
     defaults = {"topology": "h100" if platform(topo_name) == "gpu" else topo_name.split(":")[0],
                 "min_payload_bytes": 0}
-    for option in args.option:
-        name, value = option.split("=", 1)
-        try:
-            defaults[name] = json.loads(value)
-        except ValueError:
-            defaults[name] = value
+    add_options(defaults, args.option)
     if door == "hook-unrot":
         defaults["rotation"] = "none"
         door = "hook"

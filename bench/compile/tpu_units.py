@@ -83,15 +83,11 @@ def main(argv=None):
         "--xla_jf_dump_llo_text=true",
         "--xla_jf_dump_llo_pass_label_regex=^(original|packed-bundles-post-ra)$"]).strip()
     import compilers  # noqa: E402  (after the flags: it loads libtpu)
-    options = {"topology": args.topology.split(":")[0], "min_payload_bytes": 0}
-    for option in args.option:
-        if "=" not in option:
-            ap.error("--option %r: give NAME=VALUE" % option)
-        name, value = option.split("=", 1)
-        try:
-            options[name] = json.loads(value)
-        except ValueError:
-            options[name] = value
+    try:
+        options = compilers.add_options(
+            {"topology": args.topology.split(":")[0], "min_payload_bytes": 0}, args.option)
+    except ValueError as e:
+        ap.error("--option %s" % e)
     topo = compilers.tool.topology("tpu", args.topology)
     devices = sorted(topo.devices, key=lambda d: d.id)
     f, fargs = compilers.program(args.program, devices)
