@@ -50,11 +50,11 @@ def main():
     # the plain defaults would rewrite none of the 36 (BENCHMARKS.md,
     # "Kernels per hop in the time model"); the bound would then say
     # nothing. The Rust side still checks that all 36 were rewritten.
-    res = harness.evaluate_plans(h, [T], [TOPOLOGY], [{"min_payload": 0}], WINDOW, 1)
-    base, eq = res["rows"]
-    h.door = doors.BeforeXlaDoor()
-    tpu = harness.evaluate_plans(h, [T], [TOPOLOGY], [{"min_payload": 0, "platform": "tpu"}],
-                                 WINDOW, 1)["rows"][1]
+    res = harness.evaluate_plans(
+        h, [T], [TOPOLOGY],
+        [{"min_payload": 0}, {"min_payload": 0, "platform": "tpu", "door": "before-xla"}],
+        WINDOW, 1)
+    base, eq, tpu = res["rows"]
     def rewritten(eq):
         return {
             "rewritten": eq["summary"]["rewritten"],

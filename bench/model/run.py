@@ -86,8 +86,9 @@ def parse_args(argv):
                          "appended; e.g. 'target/release/equarx rewrite - -o - --types bf16,f32'")
     ap.add_argument("--before-xla", action="store_true",
                     help="instead of the JAX door's registration, rewrite each lowered program "
-                         "with equarx.jax.rewrite_lowered (the door before XLA); platform=tpu in "
-                         "a plan runs XLA:TPU's emission on XLA:CPU")
+                         "with equarx.jax.rewrite_lowered (the door before XLA; door=before-xla in "
+                         "one plan does it for that plan); platform=tpu in a plan runs XLA:TPU's "
+                         "emission on XLA:CPU")
     ap.add_argument("--compile-time", action="store_true",
                     help="instead of evaluating: XLA:CPU compile wall and CPU time of the TP "
                          "forward, original vs with equarx (first --tp, --topology, --plan), "
@@ -185,8 +186,9 @@ def main(argv=None):
     plans = [doors.parse_plan(p) for p in a.plan]
     if a.rewrite_cmd and a.before_xla:
         raise SystemExit("bench/model/run: give --rewrite-cmd or --before-xla, not both")
-    door = (doors.CommandDoor(a.rewrite_cmd) if a.rewrite_cmd
-            else doors.BeforeXlaDoor() if a.before_xla else doors.JaxDoor())
+    if a.before_xla:
+        plans = [dict(p, door="before-xla") for p in plans]
+    door = doors.CommandDoor(a.rewrite_cmd) if a.rewrite_cmd else doors.JaxDoor()
     t0 = time.time()
     h = harness.Harness(door)
     if a.compile_time:

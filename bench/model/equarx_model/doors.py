@@ -10,9 +10,10 @@ The JAX door is used exactly as a user would::
 (XLA:CPU promotes bf16 all-reduces to f32 before the pre-scheduler stage,
 hence ``types=("bf16", "f32")``.)
 
-The door before XLA, ``--before-xla``, rewrites each lowered TP forward
-with ``equarx.jax.rewrite_lowered(lowered, topology=..., **plan)`` and
-compiles that: what a ``shard_map`` program gets on XLA:TPU, where the pass
+A plan with ``door=before-xla`` (every plan, with ``--before-xla``) goes
+through the door before XLA instead: each lowered TP forward is rewritten
+with ``equarx.jax.rewrite_lowered(lowered, topology=..., **plan)`` and that
+is compiled, what a ``shard_map`` program gets on XLA:TPU, where the pass
 emits before libtpu's fusion. With ``platform=tpu`` in the plan, XLA:CPU
 runs XLA:TPU's emission (its CPU twin), numbers and all.
 
@@ -83,20 +84,37 @@ class Door:
 
 
 class JaxDoor(Door):
-    """``equarx.jax.enable`` / ``disable`` / ``last_report``."""
+    """``equarx.jax.enable`` / ``disable`` / ``last_report``, or, for a
+    plan with ``door=before-xla``, ``equarx.jax.rewrite_lowered`` on the
+    lowered program with nothing registered."""
 
     name = "jax"
 
     def __init__(self):
         import equarx.jax as ej  # needs PYTHONPATH=python and EQUARX_LIB
         self.ej = ej
+        self.before_xla = None  # the options of the door before XLA, when a plan takes it
 
     def plain(self) -> None:
+        self.before_xla = None
         self.ej.disable()
         jax.clear_caches()
 
     def enable(self, topology: str, plan: Plan) -> None:
-        self.ej.enable(platforms=("cpu",), types=("bf16", "f32"), topology=topology, **plan)
+        plan = dict(plan)
+        door = plan.pop("door", "hook")
+        if door not in ("hook", "before-xla"):
+            raise ValueError(f"plan door={door!r}: 'hook' or 'before-xla'")
+        self.plain()
+        if door == "before-xla":
+            self.before_xla = dict(plan, topology=topology)
+        else:
+            self.ej.enable(platforms=("cpu",), types=("bf16", "f32"), topology=topology, **plan)
+
+    def lowered(self, lowered):
+        if self.before_xla is None:
+            return lowered
+        return self.ej.rewrite_lowered(lowered, **self.before_xla)
 
     def report(self):
         return self.ej.last_report()
@@ -104,29 +122,6 @@ class JaxDoor(Door):
     def library(self) -> str:
         from equarx import _native
         return f"{_native._load()._name} (equarx {_native.version()})"
-
-
-class BeforeXlaDoor(JaxDoor):
-    """``equarx.jax.rewrite_lowered`` on the lowered program, nothing
-    registered."""
-
-    name = "before-xla"
-
-    def __init__(self):
-        super().__init__()
-        self.options = None
-
-    def plain(self) -> None:
-        self.options = None
-        jax.clear_caches()
-
-    def enable(self, topology: str, plan: Plan) -> None:
-        self.options = dict(plan, topology=topology)
-
-    def lowered(self, lowered):
-        if self.options is None:
-            return lowered
-        return self.ej.rewrite_lowered(lowered, **self.options)
 
 
 def plan_flags(topology: str, plan: Plan) -> list[str]:
