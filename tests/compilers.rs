@@ -26,6 +26,10 @@
 //!   rewritten before XLA by `equarx.jax.rewrite_lowered`, for every
 //!   algorithm, rotation and format, on v5e:2x2 and h100 x4: it compiles,
 //!   with the plan asked for and s8 on the wire, and no workaround.
+//! - `kernels::PLAN@v5e`: the two-shot as three Mosaic kernels
+//!   (`bench/compile/kernel_probe.py --check`), their text run on the host
+//!   by `tests/compilers/mosaic.py`, bit for bit against equarx's XLA:TPU
+//!   emission of the same plan on XLA:CPU.
 //!
 //! Each topology's jobs run in one process (`tests/compilers/compile.py`;
 //! one registration per process), and their answers are kept under
@@ -233,6 +237,12 @@ fn main() {
             }
         }
     }
+    for rotation in ["hadamard", "none"] {
+        trials.push(Trial::test(
+            format!("kernels::two-shot+{rotation}@v5e (Mosaic text against equarx's emission)"),
+            move || kernel_check(rotation).map_err(Failed::from),
+        ));
+    }
     sample_jobs(&mut batches);
     let mut batches: Vec<(String, Vec<Job>)> = batches.into_iter().collect();
     batches.sort_by(|a, b| a.0.cmp(&b.0));
@@ -262,6 +272,36 @@ fn main() {
         }
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// `bench/compile/kernel_probe.py --check`: the two-shot's three Mosaic
+/// kernels, as the text libtpu compiles (run by `tests/compilers/mosaic.py`)
+/// and by Pallas's interpreter, bit for bit against equarx's own XLA:TPU
+/// emission of the same plan on 4 XLA:CPU devices. A change to that
+/// emission's arithmetic shows here as a kernel that no longer matches.
+fn kernel_check(rotation: &str) -> Result<(), String> {
+    let py = common::venv(common::Venv::Compilers)?;
+    let repo = common::repo();
+    let mut cmd = Command::new(&py);
+    cmd.arg(repo.join("bench/compile/kernel_probe.py"))
+        .arg("--check");
+    if rotation == "none" {
+        cmd.arg("--no-rotation");
+    }
+    let out = cmd
+        .env("PYTHONPATH", repo.join("python"))
+        .env("EQUARX_LIB", doors::cdylib())
+        .output()
+        .map_err(|e| format!("run kernel_probe.py: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && stdout.matches("differing bits 0 ").count() == 2 {
+        return Ok(());
+    }
+    Err(format!(
+        "kernel_probe.py --check ({}):\n{stdout}\n{}",
+        out.status,
+        tail(&String::from_utf8_lossy(&out.stderr), 3000)
+    ))
 }
 
 /// Random modules of the property tests' generator (fixed seed), one per

@@ -27,9 +27,11 @@ Steps 1, 3 and 5 are one kernel each, `--rows-per-step` rows a grid step.
   int8 contract op for op (`docs/numerics.md`: the absmax from the bits of
   |x| and a floor, capped at +Inf; the bf16 scale; codes against its
   reciprocal; the exchange's sum in equarx's order; `(H·q)·scale` back),
-  and `--check` holds it to equarx's own XLA:TPU emission bit for bit:
-  the kernels run in Pallas's interpreter on 4 XLA:CPU devices, equarx's
-  rewrite (`platform=tpu`, the same plan) on the same devices, a
+  and `--check` holds it to equarx's own XLA:TPU emission bit for bit,
+  run two ways: in Pallas's interpreter on 4 XLA:CPU devices, and as the
+  Mosaic text libtpu compiles (lowered for TPU, each body run on the host
+  by `tests/compilers/mosaic.py`, the collectives in numpy); equarx's
+  rewrite (`platform=tpu`, the same plan) runs on the same devices, on a
   heavy-tailed input with a NaN, an Inf and a zero block. Each block is
   rotated by its own product (the other block's lanes zeroed), since in one
   block-diagonal product of both a NaN's zero terms spill into its
@@ -192,7 +194,7 @@ def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
         hs = pl.BlockSpec((128, 128), lambda i: (0, 0))
         codes = lambda k: (row(cols), jax.ShapeDtypeStruct((k, cols), jnp.int8))  # noqa: E731
         if scales_in_lanes:
-            spec = pl.BlockSpec((1, nb, tm), lambda i: (i // per, 0, i % per))
+            spec = pl.BlockSpec((1, nb, tm), lambda i: (jax.lax.div(i, per), 0, jax.lax.rem(i, per)))
             scale = lambda k: (spec, jax.ShapeDtypeStruct((k // m, nb, m), jnp.bfloat16))  # noqa: E731
             sums_in = pl.BlockSpec((n, nb, tm), lambda i: (0, 0, i))
         else:
@@ -334,10 +336,12 @@ def walk(op):
 
 
 def check(rows, cols, tm, scales_in_lanes, rotation):
-    """The Mosaic kernels run by Pallas's interpreter on 4 XLA:CPU devices
-    against equarx's own rewrite (XLA:TPU's emission, `platform=tpu`, the
-    same plan) of the same psum on XLA:CPU: every device's result, bit for
-    bit. Returns the count of differing elements."""
+    """The Mosaic kernels against equarx's own rewrite (XLA:TPU's emission,
+    `platform=tpu`, the same plan) of the same psum on 4 XLA:CPU devices,
+    every device's result bit for bit, run two ways: by Pallas's interpreter
+    (the kernels as written), and as the Mosaic text libtpu compiles (lowered
+    for TPU, run by `tests/compilers/mosaic.py`, the collectives between
+    them in numpy). Returns the count of elements that differ."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -353,28 +357,74 @@ def check(rows, cols, tm, scales_in_lanes, rotation):
     x[3, 5], x[rows + 7, 70] = np.nan, np.inf
     x[2 * rows:2 * rows + 1, :64] = 0  # an all-zero block
     x = jax.device_put(jnp.asarray(x, jnp.bfloat16), NamedSharding(mesh, P("x")))
-    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"),
-                                 out_specs=P("x"), check_vma=False))
+
+    def shard_mapped(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                     check_vma=False))
+
     options = dict(platform="tpu", algorithm="two-shot", quant_format="int8", block_size=64,
                    scale_type="bf16", rotation="hadamard" if rotation else "none",
                    min_payload_bytes=0)
-    rewritten = equarx.jax.rewrite_lowered(psum.lower(x), **options)
-    report = equarx.jax.last_report()
-    theirs = np.asarray(rewritten.compile()(x).astype(jnp.float32))
-    qpsum = mosaic_psum(tm, scales_in_lanes, rotation, interpret=True)
-    ours = jax.jit(jax.shard_map(lambda a: qpsum(a, "x", n), mesh=mesh, in_specs=P("x"),
-                                 out_specs=P("x"), check_vma=False))
-    mine = np.asarray(ours(x).astype(jnp.float32))
-    same = (mine.view(np.uint32) == theirs.view(np.uint32)) | (np.isnan(mine) & np.isnan(theirs))
-    per = mine.reshape(n, rows, cols)
-    print("equarx's plan: %s" % json_plan(report))
-    print("replicas identical: kernels %s, equarx %s" % (
-        all((per[k] == per[0]).all() or np.array_equal(per[k], per[0], equal_nan=True) for k in range(n)),
-        all(np.array_equal(t, theirs.reshape(n, rows, cols)[0], equal_nan=True)
-            for t in theirs.reshape(n, rows, cols))))
-    print("elements: %d, differing bits: %d, non-finite: kernels %d, equarx %d" % (
-        same.size, (~same).sum(), (~np.isfinite(mine)).sum(), (~np.isfinite(theirs)).sum()))
-    return int((~same).sum())
+    rewritten = equarx.jax.rewrite_lowered(
+        shard_mapped(lambda a: jax.lax.psum(a, "x")).lower(x), **options)
+    print("equarx's plan: %s" % json_plan(equarx.jax.last_report()))
+    results = {"equarx": np.asarray(rewritten.compile()(x))}
+    interpreted = mosaic_psum(tm, scales_in_lanes, rotation, interpret=True)
+    results["Pallas interpreter"] = np.asarray(shard_mapped(lambda a: interpreted(a, "x", n))(x))
+    qpsum = mosaic_psum(tm, scales_in_lanes, rotation)
+    lowered = shard_mapped(lambda a: qpsum(a, "x", n)).trace(x).lower(lowering_platforms=("tpu",))
+    bodies = re.findall(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)\\22', str(lowered.compiler_ir("stablehlo")))
+    results["Mosaic text"] = mosaic_text_psum([base64.b64decode(b) for b in bodies],
+                                              np.asarray(x), n, tm, scales_in_lanes)
+    theirs = results.pop("equarx").astype(np.float32)
+    differ = 0
+    for name, mine in results.items():
+        mine = mine.astype(np.float32)
+        bits = mine.view(np.uint32) != theirs.view(np.uint32)
+        values = bits & ~(np.isnan(mine) & np.isnan(theirs))
+        replicas = all(np.array_equal(m.view(np.uint32), mine.reshape(n, rows, cols)[0].view(np.uint32))
+                       for m in mine.reshape(n, rows, cols))
+        print("%-18s elements %d, differing bits %d (NaN payloads aside: %d), non-finite %d "
+              "(equarx %d), replicas identical %s" % (
+                  name, mine.size, bits.sum(), values.sum(), (~np.isfinite(mine)).sum(),
+                  (~np.isfinite(theirs)).sum(), replicas))
+        differ += int(values.sum())
+    return differ
+
+
+def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes):
+    """The two-shot psum of `x` (`[n·rows, C]`, device k's rows the k-th
+    run) from the three kernels' Mosaic bodies (quantize, sum, dequantize),
+    each run by `tests/compilers/mosaic.py`, the all-to-all and the
+    all-gather done here; returns every device's result, `[n·rows, C]`."""
+    import ml_dtypes
+    import numpy as np
+    sys.path.insert(0, os.path.join(compilers.REPO, "tests/compilers"))
+    import mosaic
+    quantize, summed, dequantize = bodies
+    r, cols = x.shape[0] // n, x.shape[1]
+    m, nb = r // n, cols // 64
+    h = np.kron(np.eye(2, dtype=np.float32), hadamard(64))
+    bf16 = ml_dtypes.bfloat16
+
+    def scales(rows):
+        return np.zeros((rows // m, nb, m) if scales_in_lanes else (rows, nb), bf16)
+
+    def parts(array):
+        """A device's array as its n parts, part k for rank k."""
+        return array if scales_in_lanes and array.ndim == 3 else array.reshape(n, m, -1)
+
+    sent = [mosaic.run(quantize, [x[d * r:(d + 1) * r], h],
+                       [np.zeros((r, cols), np.int8), scales(r)]) for d in range(n)]
+    owned = []
+    for d in range(n):
+        codes = np.stack([parts(c)[d] for c, _ in sent])
+        scale = np.stack([parts(s)[d] for _, s in sent])
+        owned.append(mosaic.run(summed, [codes, scale], [np.zeros((m, cols), np.int8), scales(m)]))
+    codes = np.concatenate([c for c, _ in owned])
+    scale = np.concatenate([s for _, s in owned])
+    out = mosaic.run(dequantize, [codes, scale, h], [np.zeros((r, cols), bf16)])[0]
+    return np.concatenate([out] * n)
 
 
 def json_plan(report):
