@@ -5,7 +5,7 @@
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 
 use equarx::passes::quantize_collectives::report::PlanSummary;
-use equarx::plan::{Form, Rotation};
+use equarx::plan::{Form, Kernels, Rotation};
 use equarx::{OpReport, Platform, Stage};
 
 /// How a column's cells line up.
@@ -106,7 +106,7 @@ pub fn report(report: &[OpReport], stage: Stage, platform: Platform) -> String {
 }
 
 /// `ring+hadamard/loop`: a plan's algorithm, rotation and form (when it
-/// repeats steps).
+/// repeats steps); `/mosaic` when its steps are equarx's own kernels.
 pub fn plan_cell(p: &PlanSummary) -> String {
     let rotation = match p.rotation {
         Rotation::Hadamard => "+hadamard",
@@ -117,7 +117,11 @@ pub fn plan_cell(p: &PlanSummary) -> String {
         Some(Form::Unrolled) => "/unrolled",
         None => "",
     };
-    format!("{}{rotation}{form}", p.algorithm)
+    let kernels = match p.config.kernels {
+        Kernels::Mosaic => "/mosaic",
+        Kernels::Hlo => "",
+    };
+    format!("{}{rotation}{form}{kernels}", p.algorithm)
 }
 
 /// `64KiB`, `1MiB`, or bytes.

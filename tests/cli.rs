@@ -701,3 +701,74 @@ fn the_readme_cli_example_runs() {
     let report = std::fs::read_to_string(dir.join("module.equarx.txt")).unwrap();
     assert!(report.contains("collective-permute") || report.contains("all-to-all"));
 }
+
+#[test]
+fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
+    let dir = scratch("cli_mosaic");
+    let input = dir.join("psum.hlo");
+    std::fs::write(
+        &input,
+        "HloModule m, num_partitions=4\n\nadd {\n  a = bf16[] parameter(0)\n  \
+         b = bf16[] parameter(1)\n  ROOT s = bf16[] add(a, b)\n}\n\nENTRY main {\n  \
+         p = bf16[2,128,1024] parameter(0)\n  ROOT r = bf16[2,128,1024] all-reduce(p), \
+         channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=add\n}\n",
+    )
+    .unwrap();
+    let (out, json) = (dir.join("out.hlo"), dir.join("report.json"));
+    let rewrite = |extra: &[&str]| {
+        let mut args = vec![
+            "rewrite",
+            input.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--stage",
+            "pre-fusion",
+            "--kernels",
+            "mosaic",
+            "--min-payload",
+            "0",
+            "--report",
+            "--report-json",
+            json.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let (table, _) = run(&args);
+        let report: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        (table, report[0].clone(), text)
+    };
+    // Two-shot for XLA:TPU: the three kernels, the plan says so.
+    let (table, op, text) = rewrite(&["--platform", "tpu", "--algorithm", "two-shot"]);
+    assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
+    assert!(table.contains("two-shot+hadamard/mosaic"), "{table}");
+    assert_eq!(
+        text.matches("custom_call_target=\"tpu_custom_call\"")
+            .count(),
+        3,
+        "{text}"
+    );
+    assert!(
+        text.contains("stable_mosaic") || text.contains("custom_call_config"),
+        "{text}"
+    );
+    // A ring, or another compiler: HLO, and the report says why.
+    for (extra, why) in [
+        (
+            ["--platform", "tpu", "--algorithm", "ring"],
+            "only a two-shot all-reduce",
+        ),
+        (
+            ["--platform", "gpu", "--algorithm", "two-shot"],
+            "XLA:TPU's, not gpu's",
+        ),
+    ] {
+        let (_, op, text) = rewrite(&extra);
+        assert!(op["plan"]["config"].get("kernels").is_none(), "{op}");
+        let reason = op["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("HLO kernels, not Mosaic") && reason.contains(why),
+            "{op}"
+        );
+        assert!(!text.contains("tpu_custom_call"), "{extra:?}");
+    }
+}

@@ -26,10 +26,12 @@
 //!   rewritten before XLA by `equarx.jax.rewrite_lowered`, for every
 //!   algorithm, rotation and format, on v5e:2x2 and h100 x4: it compiles,
 //!   with the plan asked for and s8 on the wire, and no workaround.
-//! - `kernels::PLAN@v5e`: the two-shot as three Mosaic kernels
-//!   (`bench/compile/kernel_probe.py --check`), their text run on the host
-//!   by `tests/compilers/mosaic.py`, bit for bit against equarx's XLA:TPU
-//!   emission of the same plan on XLA:CPU.
+//!   With `kernels=mosaic` on v5e:2x2, two-shot's steps are equarx's own
+//!   Mosaic kernels, and the plan must say so.
+//! - `kernels::PLAN@v5e`: those kernels' text run on the host by
+//!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
+//!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
+//!   on XLA:CPU, its twin.
 //!
 //! Each topology's jobs run in one process (`tests/compilers/compile.py`;
 //! one registration per process), and their answers are kept under
@@ -112,6 +114,8 @@ enum Want {
         algorithm: String,
         rotation: String,
         platform: &'static str,
+        /// Who wrote the kernels (`hlo`, or `mosaic`: equarx's own).
+        kernels: &'static str,
     },
     /// A random module: at the hook it compiles exactly when the plain
     /// compile (the named job, equarx disabled) does, and what equarx
@@ -231,11 +235,31 @@ fn main() {
                             algorithm: algorithm.to_string(),
                             rotation: rotation.to_string(),
                             platform: platform(topology),
+                            kernels: "hlo",
                         },
                     });
                 }
             }
         }
+    }
+    // equarx's own Mosaic kernels for XLA:TPU's two-shot (`emit/mosaic.rs`).
+    for rotation in ["none", "hadamard"] {
+        let topology = "v5e:2x2";
+        batches.entry(topology.to_string()).or_default().push(Job {
+            name: format!("before_xla::two-shot+{rotation}+int8+mosaic@{topology}"),
+            spec: json!({
+                "program": "psum", "devices": 4, "rows": 256, "cols": 1024,
+                "door": "before",
+                "options": {"min_payload_bytes": 0, "algorithm": "two-shot",
+                            "rotation": rotation, "quant_format": "int8", "kernels": "mosaic"},
+            }),
+            expect: Want::Plan {
+                algorithm: "two-shot".to_string(),
+                rotation: rotation.to_string(),
+                platform: "tpu",
+                kernels: "mosaic",
+            },
+        });
     }
     for rotation in ["hadamard", "none"] {
         trials.push(Trial::test(
@@ -275,10 +299,10 @@ fn main() {
 }
 
 /// `bench/compile/kernel_probe.py --check`: the two-shot's three Mosaic
-/// kernels, as the text libtpu compiles (run by `tests/compilers/mosaic.py`)
-/// and by Pallas's interpreter, bit for bit against equarx's own XLA:TPU
-/// emission of the same plan on 4 XLA:CPU devices. A change to that
-/// emission's arithmetic shows here as a kernel that no longer matches.
+/// kernels, equarx's own (`kernels=mosaic`) and the probe's Pallas ones, as
+/// the text libtpu compiles (run by `tests/compilers/mosaic.py`) and in
+/// Pallas's interpreter, bit for bit against equarx's HLO emission of the
+/// same plan for XLA:TPU on 4 XLA:CPU devices: the kernels' XLA:CPU twin.
 fn kernel_check(rotation: &str) -> Result<(), String> {
     let py = common::venv(common::Venv::Compilers)?;
     let repo = common::repo();
@@ -294,7 +318,7 @@ fn kernel_check(rotation: &str) -> Result<(), String> {
         .output()
         .map_err(|e| format!("run kernel_probe.py: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    if out.status.success() && stdout.matches("differing bits 0 ").count() == 2 {
+    if out.status.success() && stdout.matches("differing bits 0 ").count() == 3 {
         return Ok(());
     }
     Err(format!(
@@ -522,17 +546,19 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
             algorithm,
             rotation,
             platform,
+            kernels,
         } => {
             let planned = |r: &Value| {
                 r["plan"]["algorithm"] == json!(algorithm)
                     && r["plan"]["rotation"] == json!(rotation)
                     && r["platform"] == json!(platform)
+                    && r["plan"]["config"]["kernels"].as_str().unwrap_or("hlo") == *kernels
             };
             if report.len() != 1 || !planned(&report[0]) || !quantized {
                 return Err(format!(
                     "{name}: expected the one psum rewritten as {algorithm}+{rotation} for {platform} \
-                     (the door passes the platform it lowered for) with quantized codes on the \
-                     wire; {}",
+                     (the door passes the platform it lowered for), {kernels} kernels, with \
+                     quantized codes on the wire; {}",
                     summary()
                 ));
             }

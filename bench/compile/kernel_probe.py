@@ -375,7 +375,16 @@ def check(rows, cols, tm, scales_in_lanes, rotation):
     lowered = shard_mapped(lambda a: qpsum(a, "x", n)).trace(x).lower(lowering_platforms=("tpu",))
     bodies = re.findall(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)\\22', str(lowered.compiler_ir("stablehlo")))
     results["Mosaic text"] = mosaic_text_psum([base64.b64decode(b) for b in bodies],
-                                              np.asarray(x), n, tm, scales_in_lanes)
+                                              np.asarray(x), n, tm, scales_in_lanes, True)
+    # equarx's own kernels (`kernels=mosaic`), their text as the door wrote it.
+    emitted = equarx.jax.rewrite_lowered(
+        shard_mapped(lambda a: jax.lax.psum(a, "x")).lower(x), kernels="mosaic", **options)
+    report = equarx.jax.last_report()
+    if json_plan(report).find('"kernels": "mosaic"') < 0:
+        raise SystemExit("equarx did not write Mosaic kernels: %s" % report)
+    bodies = re.findall(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)\\22', str(emitted.compiler_ir("stablehlo")))
+    results["equarx's kernels"] = mosaic_text_psum([base64.b64decode(b) for b in bodies],
+                                                   np.asarray(x), n, 32, False, rotation)
     theirs = results.pop("equarx").astype(np.float32)
     differ = 0
     for name, mine in results.items():
@@ -392,11 +401,12 @@ def check(rows, cols, tm, scales_in_lanes, rotation):
     return differ
 
 
-def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes):
+def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes, matrix):
     """The two-shot psum of `x` (`[n·rows, C]`, device k's rows the k-th
     run) from the three kernels' Mosaic bodies (quantize, sum, dequantize),
     each run by `tests/compilers/mosaic.py`, the all-to-all and the
-    all-gather done here; returns every device's result, `[n·rows, C]`."""
+    all-gather done here; returns every device's result, `[n·rows, C]`.
+    `matrix`: the quantize and dequantize kernels take the rotation's."""
     import ml_dtypes
     import numpy as np
     sys.path.insert(0, os.path.join(compilers.REPO, "tests/compilers"))
@@ -414,7 +424,8 @@ def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes):
         """A device's array as its n parts, part k for rank k."""
         return array if scales_in_lanes and array.ndim == 3 else array.reshape(n, m, -1)
 
-    sent = [mosaic.run(quantize, [x[d * r:(d + 1) * r], h],
+    h = [h] if matrix else []
+    sent = [mosaic.run(quantize, [x[d * r:(d + 1) * r]] + h,
                        [np.zeros((r, cols), np.int8), scales(r)]) for d in range(n)]
     owned = []
     for d in range(n):
@@ -423,7 +434,7 @@ def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes):
         owned.append(mosaic.run(summed, [codes, scale], [np.zeros((m, cols), np.int8), scales(m)]))
     codes = np.concatenate([c for c, _ in owned])
     scale = np.concatenate([s for _, s in owned])
-    out = mosaic.run(dequantize, [codes, scale, h], [np.zeros((r, cols), bf16)])[0]
+    out = mosaic.run(dequantize, [codes, scale] + h, [np.zeros((r, cols), bf16)])[0]
     return np.concatenate([out] * n)
 
 

@@ -676,6 +676,35 @@ impl<'m> Builder<'m> {
         self.add(i, &[x])
     }
 
+    /// A `custom-call` to `target` with `backend_config`, of `result`
+    /// (an array or a tuple), every operand and result laid out row-major
+    /// and held to it (`constrain_layout`), as JAX lowers a kernel's call.
+    pub fn custom_call(
+        &mut self,
+        target: &str,
+        operands: &[&Value],
+        mut result: ShapeProto,
+        backend_config: Vec<u8>,
+    ) -> Value {
+        with_layouts(&mut result);
+        let mut i = Self::op_with_shape(Opcode::CustomCall, result);
+        i.custom_call_target = target.to_string();
+        i.backend_config = backend_config;
+        i.constrain_layout = true;
+        i.operand_shapes_with_layout = operands
+            .iter()
+            .map(|v| {
+                let mut s = v.shape.clone();
+                s.layout = None;
+                with_layouts(&mut s);
+                s
+            })
+            .collect();
+        // API_VERSION_ORIGINAL, what JAX gives a `tpu_custom_call`.
+        i.custom_call_api_version = 1;
+        self.add(i, operands)
+    }
+
     fn group_list(groups: &[Vec<i64>]) -> ReplicaGroupList {
         ReplicaGroupList::CollectiveDeviceList(CollectiveDeviceListProto {
             replica_groups: groups

@@ -58,7 +58,7 @@ use crate::ir::DeviceCounts;
 use crate::numerics::profile::ProfileFile;
 use crate::passes::{Platform, Stage};
 use crate::plan::{
-    Algorithm, Config, Form, GatherForm, Grid, QuantFormat, Rotation, ScaleType, Wire,
+    Algorithm, Config, Form, GatherForm, Grid, Kernels, QuantFormat, Rotation, ScaleType, Wire,
 };
 use crate::proto::PrimitiveType;
 
@@ -132,6 +132,10 @@ pub struct Options {
     /// model predicts with it for the ops it holds, with the prior for the
     /// others.
     pub profile: Option<ProfileFile>,
+    /// Who writes the compute steps' kernels where the pass can
+    /// ([`Kernels`]; the pass falls back to HLO, with the reason in the
+    /// report, where it cannot).
+    pub kernels: Kernels,
 }
 
 impl Default for Options {
@@ -159,6 +163,7 @@ impl Default for Options {
             stage: None,
             platform: None,
             profile: None,
+            kernels: plan.kernels,
         }
     }
 }
@@ -186,6 +191,8 @@ impl Options {
             // (`Platform::wire`): the bytes, and so every prediction, are
             // the same either way.
             wire: Wire::Packed,
+            // Likewise (`Platform::kernels`): the same arithmetic.
+            kernels: Kernels::Hlo,
         }
     }
 }
@@ -411,7 +418,7 @@ mod tests {
                 "scale_type": "f32", "gather": "permute", "fuse": "off",
                 "quant_format": "fp8-e4m3",
                 "algorithm": "two-shot", "rotation": "hadamard", "unroll": true, "max_error": 1.1,
-                "stage": "fused", "platform": "gpu",
+                "stage": "fused", "platform": "gpu", "kernels": "mosaic",
                 "profile": "{\"version\": 1, \"source\": \"an example\", \"equarx\": \"0.1.0\", \"ops\": []}",
                 "replica_count": 1, "num_partitions": 8, "disabled_passes": ["quantize-collectives"]}"#,
         )

@@ -10,7 +10,7 @@ use super::readers::{
 use super::{FuseMode, MAX_BLOCK_SIZE, MAX_PIPELINE_DEPTH, RewriteOptions, parse_element_types};
 use crate::numerics::profile::ProfileFile;
 use crate::passes::{Platform, Stage};
-use crate::plan::{Algorithm, GatherForm, QuantFormat, Rotation, ScaleType};
+use crate::plan::{Algorithm, GatherForm, Kernels, QuantFormat, Rotation, ScaleType};
 
 /// Why `--fuse on` is refused: it outlined fusions into modules XLA had not
 /// fused yet, and XLA:GPU's layout assignment, which follows its
@@ -364,6 +364,32 @@ pub static OPTIONS: &[OptionSpec] = &[
             Ok(())
         },
         show: |o| Some(auto_name(o.pass.platform)),
+        check: any,
+    },
+    OptionSpec {
+        name: "kernels",
+        aliases: &[],
+        syntax: Syntax::Choice(names::<Kernels>),
+        help: "Who writes the kernels of a rewrite's compute steps: hlo (the pass emits HLO \
+               ops and the compiler fuses them) or mosaic (XLA:TPU before XLA: the pass writes \
+               two-shot's quantize, dequantize-sum-requantize and dequantize as one Mosaic \
+               kernel each; int8, B = 64, bf16 scales, an operand whose last dimension is a \
+               multiple of 128 and whose rows are a multiple of 32·P, P <= 8). An op mosaic \
+               cannot take keeps hlo, and the report says why.",
+        why: "libtpu makes 9.75 to 14 kernels an op of the HLO form; as one Mosaic kernel a \
+              step the same arithmetic is 5 (3 kernels and 2 relayouts of the scales), and \
+              v5e:2x2 compiles an 8 MiB psum in 5.6x the original's time instead of 17.4x, a \
+              TP MLP in 1.21x instead of 1.40x, Gemma 3 270M in 1.39x instead of 1.89x \
+              ([BENCHMARKS.md](../BENCHMARKS.md)). Opt-in: no TPU runs the kernels here; their \
+              text runs on the host against the HLO emission, bit for bit",
+        unset: "",
+        example: "mosaic",
+        refused: Some(("triton", "\"triton\" is not one of")),
+        set: |o, v| {
+            o.pass.kernels = choice(v)?;
+            Ok(())
+        },
+        show: |o| Some(name_of(o.pass.kernels)),
         check: any,
     },
     OptionSpec {

@@ -99,6 +99,27 @@ impl Wire {
 }
 
 crate::choice_enum! {
+    /// Who writes the kernels of a rewrite's compute steps: XLA's fusion,
+    /// from the HLO the pass emits; or the pass itself, as Mosaic kernels
+    /// XLA:TPU compiles (one a step; `emit/mosaic.rs`), where the plan and
+    /// the operand allow and the module is before XLA.
+    pub enum Kernels {
+        /// HLO ops, fused by the compiler.
+        Hlo = "hlo",
+        /// One Mosaic kernel a step (`tpu_custom_call`), XLA:TPU only.
+        Mosaic = "mosaic",
+    }
+}
+
+impl Kernels {
+    /// Whether a report leaves it out (the default, which every report
+    /// before the field held).
+    pub fn is_hlo(&self) -> bool {
+        *self == Kernels::Hlo
+    }
+}
+
+crate::choice_enum! {
     /// What a code is: a small integer or an 8-bit float, times its block's
     /// scale.
     pub enum QuantFormat {
@@ -289,6 +310,8 @@ pub struct Config {
     pub gather: GatherForm,
     pub form: Form,
     pub wire: Wire,
+    #[serde(skip_serializing_if = "Kernels::is_hlo")]
+    pub kernels: Kernels,
 }
 
 impl Default for Config {
@@ -310,6 +333,7 @@ impl Default for Config {
             gather: GatherForm::AllGather,
             form: Form::Loop,
             wire: Wire::Packed,
+            kernels: Kernels::Hlo,
         }
     }
 }

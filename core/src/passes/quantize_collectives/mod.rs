@@ -56,7 +56,8 @@ use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
 use crate::options::Options;
-use crate::proto::HloInstructionProto;
+use crate::plan::Kernels;
+use crate::proto::{HloInstructionProto, ShapeProto};
 
 /// The pass's name, and the name it had when it rewrote all-reduces only.
 pub const NAME: &str = "quantize-collectives";
@@ -203,6 +204,21 @@ impl QuantizeCollectives {
             }
             Ok((candidate, Choice { mut plan, time })) => {
                 plan.config.wire = self.platform.wire(self.stage, &plan);
+                let mut note = None;
+                if self.options.kernels == Kernels::Mosaic {
+                    let shapes: Vec<&ShapeProto> =
+                        candidate.quantized().map(|o| &o.shape).collect();
+                    match (
+                        self.platform,
+                        emit::mosaic::fits(&plan, &shapes, self.stage),
+                    ) {
+                        (Platform::Tpu, Ok(_)) => plan.config.kernels = Kernels::Mosaic,
+                        (Platform::Tpu, Err(why)) => note = Some(why),
+                        (other, _) => {
+                            note = Some(format!("Mosaic kernels are XLA:TPU's, not {other}'s"))
+                        }
+                    }
+                }
                 let reducers =
                     *reducers.get_or_insert_with(|| Reducers::add_to(module, self.stage));
                 let site = Site {
@@ -212,6 +228,14 @@ impl QuantizeCollectives {
                 };
                 let spliced = splice(module, &candidate, &plan, site, reducers, edits)?;
                 entry.rewritten(&candidate, &plan, &spliced.emitted, data);
+                if let Some(why) = note {
+                    let said = entry
+                        .reason
+                        .take()
+                        .map(|r| format!("{r}; "))
+                        .unwrap_or_default();
+                    entry.reason = Some(format!("{said}HLO kernels, not Mosaic: {why}"));
+                }
                 entry.predicted_time = Some(time);
             }
         }

@@ -10,7 +10,7 @@ use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, Edits, InstrId, Module, shape};
 use crate::passes::{PassError, Platform, Stage};
-use crate::plan::Plan;
+use crate::plan::{Kernels, Plan};
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
 /// The scalar computations the emitted reductions call.
@@ -172,7 +172,8 @@ pub fn splice(
             *v = b.copy_to(v, result);
         }
     }
-    if site.platform.fences_results(stage) {
+    // A kernel's result is a boundary of its own: no fence.
+    if site.platform.fences_results(stage) && plan.config.kernels == Kernels::Hlo {
         emitted.values = b.opt_barrier(&emitted.values);
     }
     let parts = parts(

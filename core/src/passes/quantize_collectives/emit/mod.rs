@@ -35,12 +35,14 @@
 //! | `ring.rs` | the ring (also each axis of two-level) |
 //! | `exchange.rs` | two-shot's exchange, and the all-to-all of rows |
 //! | `gather.rs` | the gather: one all-gather, or relays round the ring |
+//! | `mosaic.rs` | two-shot's steps as three Mosaic kernels for XLA:TPU (`kernels=mosaic`) |
 //! | this file | the driver, constants, and the `while` loop of repeated steps |
 
 mod codes;
 mod exchange;
 mod gather;
 mod layout;
+pub(super) mod mosaic;
 mod ranks;
 mod ring;
 
@@ -51,7 +53,7 @@ use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, InstrId};
 use crate::passes::Stage;
-use crate::plan::{Axis, Collective, Phase, Plan, QuantFormat};
+use crate::plan::{Axis, Collective, Kernels, Phase, Plan, QuantFormat};
 use crate::proto::{LayoutProto, PrimitiveType, ShapeProto, TileProto};
 
 /// What the emitted subgraph needs besides the plan.
@@ -96,6 +98,23 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     let plan = inputs.plan;
     let mut computations = Vec::new();
     let mut e = Emitter::new(b, inputs, &mut computations);
+
+    // The plan as Mosaic kernels, where the pass chose them (`mosaic.rs`).
+    if plan.config.kernels == Kernels::Mosaic {
+        let shapes: Vec<&ShapeProto> = inputs.operands.iter().map(|v| &v.shape).collect();
+        match mosaic::fits(plan, &shapes, inputs.stage) {
+            Ok(shape) => {
+                let values = vec![e.mosaic_two_shot(shape)];
+                return EmittedPlan {
+                    values,
+                    computations,
+                };
+            }
+            Err(why) => e.b.fail(format!(
+                "Mosaic kernels chosen for a plan they do not fit: {why}"
+            )),
+        }
+    }
 
     // 1. The payload: every operand flattened (or cut into its P rows),
     //    zero-padded to P·c (each row to c), every block rotated when the

@@ -1,0 +1,755 @@
+//! Two-shot's three compute steps as Mosaic kernels for XLA:TPU (the
+//! `stable_mosaic` text a `tpu_custom_call` carries, which libtpu compiles):
+//! quantize, dequantize-sum-requantize, dequantize. One kernel a step, where
+//! libtpu makes 9 to 14 kernels an op of the same arithmetic in HLO.
+//!
+//! The payload is seen as `[R, C]` (its rows and last dimension, C a
+//! multiple of 128): each 128 lanes of a row are two blocks of 64, so a
+//! block is 64 consecutive elements of the flattened payload, as in the HLO
+//! emission, and no element moves between TPU tiles. A grid step takes
+//! [`ROWS_PER_STEP`] rows and unrolls the row's 128-lane chunks.
+//!
+//! The arithmetic is the HLO emission's op for op (`codes.rs`,
+//! `exchange.rs`; [`crate::numerics`]): the absmax from the bits of |x| and
+//! the floor, capped at +Inf's; the bf16 scale `absmax · fl(1/127)`; codes
+//! against its reciprocal, rounded to nearest even, clamped; the exchange's
+//! sum of halves; `(H·q)·scale` back. `tests/compilers.rs` runs these
+//! kernels' text on the host (`tests/compilers/mosaic.py`) against the HLO
+//! emission on XLA:CPU, bit for bit.
+
+use std::fmt::Write;
+
+use base64::Engine;
+
+use super::Emitter;
+use crate::ir::builder::Value;
+use crate::ir::shape;
+use crate::numerics::{absmax_floor, hadamard_sign, inv_qmax};
+use crate::passes::Stage;
+use crate::passes::quantize_collectives::groups::IdSpace;
+use crate::plan::{
+    Algorithm, Collective, GatherForm, Phase, Plan, QuantFormat, Rotation, ScaleType,
+};
+use crate::proto::{PrimitiveType, ShapeProto};
+
+/// The largest group whose parts the sum kernel adds one by one (its body
+/// grows with P × the row's chunks).
+const MAX_PARTS: i64 = 8;
+
+/// The widest row the kernels unroll (32 chunks of 128 lanes).
+const MAX_COLS: i64 = 4096;
+
+/// Whether the kernels take `plan` on an operand of `operand` dimensions
+/// (one bf16 all-reduce operand), before XLA:TPU's pipeline: the shape they
+/// are written for, or why not.
+pub(in crate::passes::quantize_collectives) fn fits(
+    plan: &Plan,
+    operands: &[&ShapeProto],
+    stage: Stage,
+) -> Result<Shape, String> {
+    let c = &plan.config;
+    let p = plan.group_size as i64;
+    if stage != Stage::PreFusion {
+        return Err(format!("the module is past XLA's fusion ({stage})"));
+    }
+    if plan.collective != Collective::AllReduce
+        || c.algorithm != Algorithm::TwoShot
+        || !matches!(plan.phases[..], [Phase::Exchange { .. }, Phase::Gather])
+    {
+        return Err("only a two-shot all-reduce over one axis has them".into());
+    }
+    if c.format != QuantFormat::Int8 || c.scale_type != ScaleType::Bf16 || c.block != 64 {
+        return Err("they quantize int8, B = 64, bf16 scales".into());
+    }
+    if c.gather != GatherForm::AllGather {
+        return Err("they gather by one all-gather".into());
+    }
+    let [operand] = operands else {
+        return Err(format!("{} operands, not one", operands.len()));
+    };
+    if operand.element_type != PrimitiveType::Bf16 as i32 {
+        return Err("the operand is not bf16".into());
+    }
+    let dims = &operand.dimensions;
+    let cols = dims.last().copied().unwrap_or(1);
+    let rows: i64 = dims.iter().rev().skip(1).product();
+    if cols % 128 != 0 || cols > MAX_COLS {
+        return Err(format!(
+            "the last dimension, {cols}, is not a multiple of 128 up to {MAX_COLS}"
+        ));
+    }
+    if p > MAX_PARTS || rows % (ROWS_PER_STEP * p) != 0 {
+        return Err(format!(
+            "{rows} rows over {p} ranks: the kernels take up to {MAX_PARTS} ranks and rows a \
+             multiple of {} per rank",
+            ROWS_PER_STEP
+        ));
+    }
+    Ok(Shape {
+        rows,
+        cols,
+        parts: p,
+        rotation: c.rotation == Rotation::Hadamard,
+    })
+}
+
+impl Emitter<'_, '_, '_> {
+    /// The plan's two-shot all-reduce of the one operand through the three
+    /// kernels ([`fits`] said yes): quantize, all-to-all of codes and
+    /// scales, sum, all-gather of both, dequantize.
+    pub(super) fn mosaic_two_shot(&mut self, s: Shape) -> Value {
+        let k = kernels(s);
+        let (rows, cols, p) = (s.rows, s.cols, s.parts);
+        let (nb, m) = (s.blocks(), s.rows / s.parts);
+        let x = self.b.reshape(&self.inputs.operands[0], &[rows, cols]);
+        let h = s
+            .rotation
+            .then(|| self.b.f32_array(&rotation_matrix(), &[128, 128]));
+        let message = |r: i64| {
+            shape::tuple(vec![
+                shape::array(PrimitiveType::S8, &[r, cols]),
+                shape::array(PrimitiveType::Bf16, &[r, nb]),
+            ])
+        };
+        let mut ins = vec![&x];
+        ins.extend(h.as_ref());
+        let q = self.kernel(&k.quantize, &ins, message(rows));
+        let parts = self.inputs.participants;
+        let groups = parts.groups.clone();
+        let partitions = parts.space == IdSpace::Partition;
+        let mut sent = Vec::new();
+        for (i, width) in [(0, cols), (1, nb)] {
+            let v = self.b.get_tuple_element(&q, i);
+            let v = self.b.reshape(&v, &[p, m, width]);
+            let channel = partitions.then(|| self.b.fresh_channel_id());
+            sent.push(self.b.all_to_all(&v, 0, &groups, channel));
+        }
+        let summed = self.kernel(&k.sum, &[&sent[0], &sent[1]], message(m));
+        let mut all = Vec::new();
+        for i in 0..2 {
+            let v = self.b.get_tuple_element(&summed, i);
+            let channel = partitions.then(|| self.b.fresh_channel_id());
+            all.push(self.b.all_gather(&v, 0, &groups, channel, partitions));
+        }
+        let mut ins = vec![&all[0], &all[1]];
+        ins.extend(h.as_ref());
+        let out = shape::array(PrimitiveType::Bf16, &[rows, cols]);
+        let y = self.kernel(&k.dequantize, &ins, out);
+        self.b.reshape_to(&y, &self.inputs.results[0])
+    }
+
+    /// A `tpu_custom_call` of the kernel `body`, as JAX lowers a Pallas
+    /// call: the body base64 in the backend config, layout passes asked for.
+    fn kernel(&mut self, body: &str, operands: &[&Value], result: ShapeProto) -> Value {
+        let body = base64::engine::general_purpose::STANDARD.encode(body);
+        let config = format!(
+            "{{\"custom_call_config\": {{\"body\": \"{body}\", \"serialization_format\": 1, \
+             \"needs_layout_passes\": true}}}}"
+        );
+        self.b
+            .custom_call("tpu_custom_call", operands, result, config.into_bytes())
+    }
+}
+
+/// Rows a kernel's grid step takes: s8's tile on TPU (32 × 128), the least
+/// that a block of codes may have.
+pub(super) const ROWS_PER_STEP: i64 = 32;
+
+/// The `stable_mosaic` version the text is written in: what jax 0.10.2
+/// writes, which libtpu 0.0.42.1 reads.
+const VERSION: u32 = 15;
+
+/// The payload and plan the kernels are written for.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::passes::quantize_collectives) struct Shape {
+    /// Rows of the payload `[R, C]` on one device.
+    pub rows: i64,
+    /// Its last dimension, a multiple of 128.
+    pub cols: i64,
+    /// The group size P; R is a multiple of P · [`ROWS_PER_STEP`].
+    pub parts: i64,
+    pub rotation: bool,
+}
+
+impl Shape {
+    fn blocks(&self) -> i64 {
+        self.cols / 64
+    }
+    fn chunks(&self) -> i64 {
+        self.cols / 128
+    }
+}
+
+/// The three kernels' bodies, as text.
+pub(super) struct Kernels {
+    pub quantize: String,
+    pub sum: String,
+    pub dequantize: String,
+}
+
+/// The 128 × 128 matrix the kernels rotate by: two 64-blocks' Hadamard
+/// matrices (entries ±1/8, the norm folded in) on the diagonal. Row-major.
+pub(super) fn rotation_matrix() -> Vec<f32> {
+    (0..128 * 128)
+        .map(|i| {
+            let (k, j) = (i / 128, i % 128);
+            if k / 64 == j / 64 {
+                hadamard_sign(k % 64, j % 64) / 8.0
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+pub(super) fn kernels(shape: Shape) -> Kernels {
+    Kernels {
+        quantize: quantize_kernel(shape),
+        sum: sum_kernel(shape),
+        dequantize: dequantize_kernel(shape),
+    }
+}
+
+/// An SSA value and its type.
+#[derive(Clone)]
+struct V {
+    name: String,
+    ty: String,
+}
+
+fn vector(dims: &[i64], ty: &str) -> String {
+    let dims: Vec<String> = dims.iter().map(i64::to_string).collect();
+    format!("vector<{}x{ty}>", dims.join("x"))
+}
+
+fn memref(dims: &[i64], ty: &str) -> String {
+    let dims: Vec<String> = dims.iter().map(i64::to_string).collect();
+    format!("memref<{}x{ty}, #tpu.memory_space<vmem>>", dims.join("x"))
+}
+
+/// One kernel's body, written op by op in MLIR's generic form.
+struct Body {
+    text: String,
+    next: usize,
+    args: Vec<V>,
+}
+
+impl Body {
+    /// A body whose block takes the grid index and `refs` (memref types).
+    fn new(refs: &[String]) -> Self {
+        let mut args = vec![V {
+            name: "%arg0".into(),
+            ty: "i32".into(),
+        }];
+        for (k, ty) in refs.iter().enumerate() {
+            args.push(V {
+                name: format!("%arg{}", k + 1),
+                ty: ty.clone(),
+            });
+        }
+        Body {
+            text: String::new(),
+            next: 0,
+            args,
+        }
+    }
+
+    fn arg(&self, k: usize) -> V {
+        self.args[k + 1].clone()
+    }
+
+    /// `op` on `operands` with `attrs`, of type `result` ("" for none).
+    fn op(&mut self, op: &str, operands: &[&V], attrs: &str, result: &str) -> V {
+        let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
+        let types: Vec<&str> = operands.iter().map(|v| v.ty.as_str()).collect();
+        let attrs = if attrs.is_empty() {
+            String::new()
+        } else {
+            format!(" {{{attrs}}}")
+        };
+        let (lhs, out) = if result.is_empty() {
+            (String::new(), "()".to_string())
+        } else {
+            self.next += 1;
+            (format!("%{} = ", self.next - 1), result.to_string())
+        };
+        let _ = writeln!(
+            self.text,
+            "    {lhs}\"stable_mosaic.{op}\"({}){attrs} : ({}) -> {out}",
+            names.join(", "),
+            types.join(", ")
+        );
+        V {
+            name: lhs.trim_end_matches(" = ").to_string(),
+            ty: out,
+        }
+    }
+
+    fn index(&mut self, i: i64) -> V {
+        self.op(
+            "arith.constant",
+            &[],
+            &format!("value = {i} : index"),
+            "index",
+        )
+    }
+
+    fn i32(&mut self, v: i64) -> V {
+        self.op("arith.constant", &[], &format!("value = {v} : i32"), "i32")
+    }
+
+    fn f32(&mut self, v: f32) -> V {
+        let attr = format!("value = 0x{:08X} : f32", v.to_bits());
+        self.op("arith.constant", &[], &attr, "f32")
+    }
+
+    fn splat(&mut self, scalar: &V, dims: &[i64]) -> V {
+        let ty = vector(dims, &scalar.ty);
+        self.op("vector.broadcast", &[scalar], "", &ty)
+    }
+
+    /// `dims` of `ty` from `memref` at `at` (a vector of the same rank as
+    /// the memref, then cast to `shape`).
+    fn load(&mut self, memref: &V, at: &[i64], dims: &[i64], shape: &[i64], ty: &str) -> V {
+        let idx: Vec<V> = at.iter().map(|&i| self.index(i)).collect();
+        let mut operands = vec![memref];
+        operands.extend(idx.iter());
+        let v = self.op("vector.load", &operands, "", &vector(dims, ty));
+        self.op("vector.shape_cast", &[&v], "", &vector(shape, ty))
+    }
+
+    fn store(&mut self, value: &V, memref: &V, at: &[i64]) {
+        let idx: Vec<V> = at.iter().map(|&i| self.index(i)).collect();
+        let mut operands = vec![value, memref];
+        operands.extend(idx.iter());
+        let attrs = format!(
+            "add = false, operandSegmentSizes = array<i32: 1, 1, {}, 0>, strides = array<i32>",
+            at.len()
+        );
+        self.op("tpu.vector_store", &operands, &attrs, "");
+    }
+
+    fn unary(&mut self, op: &str, x: &V, ty: &str) -> V {
+        let ty = retype(&x.ty, ty);
+        self.op(op, &[x], "", &ty)
+    }
+
+    fn float(&mut self, op: &str, a: &V, b: &V) -> V {
+        let ty = a.ty.clone();
+        self.op(op, &[a, b], "fastmath = #arith.fastmath<none>", &ty)
+    }
+
+    fn int(&mut self, op: &str, a: &V, b: &V) -> V {
+        let ty = a.ty.clone();
+        self.op(op, &[a, b], "", &ty)
+    }
+
+    fn select(&mut self, pred: &V, a: &V, b: &V) -> V {
+        let ty = a.ty.clone();
+        self.op("arith.select", &[pred, a, b], "", &ty)
+    }
+
+    fn matmul(&mut self, lhs: &V, rhs: &V, dims: &[i64]) -> V {
+        let zero = self.f32(0.0);
+        let acc = self.splat(&zero, dims);
+        let attrs = "dimension_numbers = #tpu.dot_dimension_numbers<[1], [0], [0], [1], \
+                     [0, 0, 1, 1], [], []>, transpose_lhs = false, transpose_lhs_hint = false, \
+                     transpose_rhs = false";
+        self.op("tpu.matmul", &[lhs, rhs, &acc], attrs, &vector(dims, "f32"))
+    }
+
+    /// Column `k` of `x` (`[rows, n]`), broadcast to `[rows, 128]`.
+    fn column(&mut self, x: &V, k: i64, rows: i64) -> V {
+        let attrs = format!("offsets = [0, {k}], sizes = [{rows}, 1], strides = [1, 1]");
+        let c = self.op(
+            "vector.extract_strided_slice",
+            &[x],
+            &attrs,
+            &vector(&[rows, 1], "f32"),
+        );
+        self.op("vector.broadcast", &[&c], "", &vector(&[rows, 128], "f32"))
+    }
+
+    /// The kernel function around the body.
+    fn finish(mut self, name: &str, grid: i64, windows: &[(Vec<i64>, Transform)]) -> String {
+        self.op("func.return", &[], "", "");
+        let arg_decls: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| format!("{}: {}", a.name, a.ty))
+            .collect();
+        let arg_types: Vec<&str> = self.args.iter().map(|a| a.ty.as_str()).collect();
+        let params: Vec<String> = windows
+            .iter()
+            .enumerate()
+            .map(|(k, (bounds, _))| {
+                let b: Vec<String> = bounds.iter().map(i64::to_string).collect();
+                format!(
+                    "{{transform_indices = @transform_{k}, window_bounds = array<i64: {}>}}",
+                    b.join(", ")
+                )
+            })
+            .collect();
+        let mut out = format!("module attributes {{stable_mosaic.version = {VERSION} : i64}} {{\n");
+        let _ = write!(
+            out,
+            "  \"stable_mosaic.func.func\"() ({{\n  ^bb0({}):\n{}  }}) {{dimension_semantics = \
+             [#tpu.dimension_semantics<arbitrary>], function_type = ({}) -> (), iteration_bounds \
+             = array<i64: {grid}>, scalar_prefetch = 0 : i64, scratch_operands = 0 : i64, \
+             sym_name = \"{name}\", tpu.core_type = #tpu.core_type<tc>, window_params = [{}]}} : \
+             () -> ()\n",
+            arg_decls.join(", "),
+            self.text,
+            arg_types.join(", "),
+            params.join(", ")
+        );
+        for (k, (bounds, transform)) in windows.iter().enumerate() {
+            out.push_str(&transform_func(k, bounds.len(), *transform));
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+/// `ty` with its element type replaced by `element` (a vector's), or
+/// `element` for a scalar.
+fn retype(ty: &str, element: &str) -> String {
+    match ty.rfind('x') {
+        Some(k) if ty.starts_with("vector<") => format!("{}x{element}>", &ty[..k]),
+        _ => element.to_string(),
+    }
+}
+
+/// Which block of its operand a grid step `i` takes.
+#[derive(Clone, Copy)]
+enum Transform {
+    /// Block `i` along the first dimension of a 2-D operand: `(i, 0)`.
+    Rows,
+    /// Block `i` along the second of a 3-D one: `(0, i, 0)`.
+    MiddleRows,
+    /// The whole operand: `(0, 0)`.
+    Whole,
+}
+
+fn transform_func(k: usize, rank: usize, transform: Transform) -> String {
+    let zero = "    %0 = \"stable_mosaic.arith.constant\"() {value = 0 : i32} : () -> i32\n";
+    let results: Vec<&str> = match transform {
+        Transform::Rows => vec!["%arg0", "%0"],
+        Transform::MiddleRows => vec!["%0", "%arg0", "%0"],
+        Transform::Whole => vec!["%0"; rank],
+    };
+    debug_assert_eq!(results.len(), rank);
+    let types = vec!["i32"; rank].join(", ");
+    format!(
+        "  \"stable_mosaic.func.func\"() ({{\n  ^bb0(%arg0: i32):\n{zero}    \
+         \"stable_mosaic.func.return\"({}) : ({types}) -> ()\n  }}) {{function_type = (i32) -> \
+         ({types}), sym_name = \"transform_{k}\"}} : () -> ()\n",
+        results.join(", ")
+    )
+}
+
+/// Values a kernel computes with, made once at its top.
+struct Common {
+    /// i1 `[tm, 128]`: the lanes of the first block of each 128.
+    low: V,
+    high: V,
+}
+
+fn common(body: &mut Body) -> Common {
+    let tm = ROWS_PER_STEP;
+    let lanes = body.op(
+        "tpu.iota",
+        &[],
+        "dimensions = array<i32: 1>",
+        &vector(&[tm, 128], "i32"),
+    );
+    let half = body.i32(64);
+    let half = body.splat(&half, &[tm, 128]);
+    let low = body.op(
+        "arith.cmpi",
+        &[&lanes, &half],
+        "predicate = 2 : i64",
+        &vector(&[tm, 128], "i1"),
+    );
+    let ge = body.op(
+        "arith.cmpi",
+        &[&lanes, &half],
+        "predicate = 5 : i64",
+        &vector(&[tm, 128], "i1"),
+    );
+    Common { low, high: ge }
+}
+
+/// f32 `[tm, 128]`, two blocks → s8 codes `[tm, 128]` and the two blocks'
+/// bf16 scales `[tm, 1]` (the HLO emission's `quantize`, op for op).
+fn quantize(body: &mut Body, c: &Common, y: &V) -> (V, [V; 2]) {
+    let tm = ROWS_PER_STEP;
+    let format = QuantFormat::Int8;
+    let bits = body.op("tpu.bitcast", &[y], "", &vector(&[tm, 128], "i32"));
+    let mask = body.i32(0x7fff_ffff);
+    let mask = body.splat(&mask, &[tm, 128]);
+    let magnitude = body.int("arith.andi", &bits, &mask);
+    let floor_bits = absmax_floor(format).to_bits() as i64;
+    let floor = body.i32(floor_bits);
+    let floors = body.splat(&floor, &[tm, 128]);
+    let inf = body.i32(f32::INFINITY.to_bits() as i64);
+    let inf = body.splat(&inf, &[tm, 1]);
+    let inv = body.f32(inv_qmax(format));
+    let inv = body.splat(&inv, &[tm, 1]);
+    let mut scales = Vec::new();
+    let mut wide = Vec::new();
+    for half in [&c.low, &c.high] {
+        // The floor is among the elements (the other block's lanes), so
+        // the reduction starts from the least i32, the neutral value
+        // Mosaic requires of its accumulator.
+        let held = body.select(half, &magnitude, &floors);
+        let acc = body.op(
+            "arith.constant",
+            &[],
+            &format!("value = dense<{}> : {}", i32::MIN, vector(&[tm], "i32")),
+            &vector(&[tm], "i32"),
+        );
+        let largest = body.op(
+            "vector.multi_reduction",
+            &[&held, &acc],
+            "kind = #vector.kind<maxsi>, reduction_dims = array<i64: 1>",
+            &vector(&[tm], "i32"),
+        );
+        let largest = body.op(
+            "vector.shape_cast",
+            &[&largest],
+            "",
+            &vector(&[tm, 1], "i32"),
+        );
+        let capped = body.int("arith.minsi", &largest, &inf);
+        let absmax = body.op("tpu.bitcast", &[&capped], "", &vector(&[tm, 1], "f32"));
+        let raw = body.float("arith.mulf", &absmax, &inv);
+        let scale = body.unary("arith.truncf", &raw, "bf16");
+        let back = body.unary("arith.extf", &scale, "f32");
+        wide.push(body.op("vector.broadcast", &[&back], "", &vector(&[tm, 128], "f32")));
+        scales.push(scale);
+    }
+    let scale = body.select(&c.low, &wide[0], &wide[1]);
+    let one = body.f32(1.0);
+    let ones = body.splat(&one, &[tm, 128]);
+    let recip = body.float("arith.divf", &ones, &scale);
+    let ratio = body.float("arith.mulf", y, &recip);
+    let rounded = body.op(
+        "math.roundeven",
+        &[&ratio],
+        "fastmath = #arith.fastmath<none>",
+        &ratio.ty,
+    );
+    let qmax = body.f32(format.qmax());
+    let hi = body.splat(&qmax, &[tm, 128]);
+    let lo = body.f32(-format.qmax());
+    let lo = body.splat(&lo, &[tm, 128]);
+    let clamped = body.float("arith.maximumf", &rounded, &lo);
+    let clamped = body.float("arith.minimumf", &clamped, &hi);
+    let codes = body.unary("arith.fptosi", &clamped, "i8");
+    let [a, b]: [V; 2] = scales.try_into().unwrap_or_else(|_| unreachable!());
+    (codes, [a, b])
+}
+
+fn store_scales(body: &mut Body, scales: &V, j: i64, pair: &[V; 2]) {
+    body.store(&pair[0], scales, &[0, 2 * j]);
+    body.store(&pair[1], scales, &[0, 2 * j + 1]);
+}
+
+/// Chunk `j`'s scales `[tm, 128]` from a step's f32 scales `[tm, nb]`.
+fn chunk_scales(body: &mut Body, c: &Common, scales: &V, j: i64) -> V {
+    let a = body.column(scales, 2 * j, ROWS_PER_STEP);
+    let b = body.column(scales, 2 * j + 1, ROWS_PER_STEP);
+    body.select(&c.low, &a, &b)
+}
+
+fn quantize_kernel(s: Shape) -> String {
+    let tm = ROWS_PER_STEP;
+    let (cols, nb) = (s.cols, s.blocks());
+    let mut refs = vec![memref(&[tm, cols], "bf16")];
+    if s.rotation {
+        refs.push(memref(&[128, 128], "f32"));
+    }
+    refs.push(memref(&[tm, cols], "i8"));
+    refs.push(memref(&[tm, nb], "bf16"));
+    let mut body = Body::new(&refs);
+    let c = common(&mut body);
+    let x = body.arg(0);
+    let h = s.rotation.then(|| {
+        let h = body.arg(1);
+        body.load(&h, &[0, 0], &[128, 128], &[128, 128], "f32")
+    });
+    let out = usize::from(s.rotation) + 1;
+    let (codes, scales) = (body.arg(out), body.arg(out + 1));
+    for j in 0..s.chunks() {
+        let chunk = body.load(&x, &[0, 128 * j], &[tm, 128], &[tm, 128], "bf16");
+        let mut y = body.unary("arith.extf", &chunk, "f32");
+        if let Some(h) = &h {
+            // Each block by its own product, the other block's lanes
+            // zeroed: in one product of both a NaN's zero terms (NaN × 0)
+            // would spill into the other block.
+            let zero = body.f32(0.0);
+            let zeros = body.splat(&zero, &[tm, 128]);
+            let low = body.select(&c.low, &y, &zeros);
+            let high = body.select(&c.low, &zeros, &y);
+            let low = body.matmul(&low, h, &[tm, 128]);
+            let high = body.matmul(&high, h, &[tm, 128]);
+            y = body.select(&c.low, &low, &high);
+        }
+        let (q, pair) = quantize(&mut body, &c, &y);
+        body.store(&q, &codes, &[0, 128 * j]);
+        store_scales(&mut body, &scales, j, &pair);
+    }
+    let mut windows = vec![(vec![tm, cols], Transform::Rows)];
+    if s.rotation {
+        windows.push((vec![128, 128], Transform::Whole));
+    }
+    windows.push((vec![tm, cols], Transform::Rows));
+    windows.push((vec![tm, nb], Transform::Rows));
+    body.finish("equarx_quantize", s.rows / tm, &windows)
+}
+
+fn sum_kernel(s: Shape) -> String {
+    let tm = ROWS_PER_STEP;
+    let (cols, nb, p) = (s.cols, s.blocks(), s.parts);
+    let refs = [
+        memref(&[p, tm, cols], "i8"),
+        memref(&[p, tm, nb], "bf16"),
+        memref(&[tm, cols], "i8"),
+        memref(&[tm, nb], "bf16"),
+    ];
+    let mut body = Body::new(&refs);
+    let c = common(&mut body);
+    let (codes_in, scales_in) = (body.arg(0), body.arg(1));
+    let (codes, scales) = (body.arg(2), body.arg(3));
+    let part_scales: Vec<V> = (0..p)
+        .map(|k| {
+            let s = body.load(&scales_in, &[k, 0, 0], &[1, tm, nb], &[tm, nb], "bf16");
+            body.unary("arith.extf", &s, "f32")
+        })
+        .collect();
+    for j in 0..s.chunks() {
+        let mut parts: Vec<V> = (0..p)
+            .map(|k| {
+                let q = body.load(&codes_in, &[k, 0, 128 * j], &[1, tm, 128], &[tm, 128], "i8");
+                let q = body.unary("arith.sitofp", &q, "f32");
+                let scale = chunk_scales(&mut body, &c, &part_scales[k as usize], j);
+                body.float("arith.mulf", &q, &scale)
+            })
+            .collect();
+        // Halves added, the odd one out carried (`Emitter::exchange`).
+        while parts.len() > 1 {
+            let h = parts.len() / 2;
+            let mut sums: Vec<V> = (0..h)
+                .map(|k| body.float("arith.addf", &parts[k], &parts[k + h]))
+                .collect();
+            sums.extend(parts.get(2 * h).cloned());
+            parts = sums;
+        }
+        let (q, pair) = quantize(&mut body, &c, &parts[0]);
+        body.store(&q, &codes, &[0, 128 * j]);
+        store_scales(&mut body, &scales, j, &pair);
+    }
+    let windows = [
+        (vec![p, tm, cols], Transform::MiddleRows),
+        (vec![p, tm, nb], Transform::MiddleRows),
+        (vec![tm, cols], Transform::Rows),
+        (vec![tm, nb], Transform::Rows),
+    ];
+    body.finish("equarx_sum", s.rows / p / tm, &windows)
+}
+
+fn dequantize_kernel(s: Shape) -> String {
+    let tm = ROWS_PER_STEP;
+    let (cols, nb) = (s.cols, s.blocks());
+    let mut refs = vec![memref(&[tm, cols], "i8"), memref(&[tm, nb], "bf16")];
+    if s.rotation {
+        refs.push(memref(&[128, 128], "f32"));
+    }
+    refs.push(memref(&[tm, cols], "bf16"));
+    let mut body = Body::new(&refs);
+    let c = common(&mut body);
+    let (codes, scales_in) = (body.arg(0), body.arg(1));
+    let h = s.rotation.then(|| {
+        let h = body.arg(2);
+        body.load(&h, &[0, 0], &[128, 128], &[128, 128], "f32")
+    });
+    let out = body.arg(if s.rotation { 3 } else { 2 });
+    let scales = body.load(&scales_in, &[0, 0], &[tm, nb], &[tm, nb], "bf16");
+    let scales = body.unary("arith.extf", &scales, "f32");
+    for j in 0..s.chunks() {
+        let q = body.load(&codes, &[0, 128 * j], &[tm, 128], &[tm, 128], "i8");
+        let mut q = body.unary("arith.sitofp", &q, "f32");
+        if let Some(h) = &h {
+            // (H·q)·scale: the integer sums are exact.
+            q = body.matmul(&q, h, &[tm, 128]);
+        }
+        let scale = chunk_scales(&mut body, &c, &scales, j);
+        let y = body.float("arith.mulf", &q, &scale);
+        let y = body.unary("arith.truncf", &y, "bf16");
+        body.store(&y, &out, &[0, 128 * j]);
+    }
+    let mut windows = vec![
+        (vec![tm, cols], Transform::Rows),
+        (vec![tm, nb], Transform::Rows),
+    ];
+    if s.rotation {
+        windows.push((vec![128, 128], Transform::Whole));
+    }
+    windows.push((vec![tm, cols], Transform::Rows));
+    body.finish("equarx_dequantize", s.rows / tm, &windows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_value_is_defined_before_use_and_the_windows_match_the_arguments() {
+        for rotation in [false, true] {
+            let k = kernels(Shape {
+                rows: 256,
+                cols: 640,
+                parts: 4,
+                rotation,
+            });
+            for text in [&k.quantize, &k.sum, &k.dequantize] {
+                let kernel = text.split("\"stable_mosaic.func.func\"").nth(1).unwrap();
+                let mut defined = std::collections::HashSet::new();
+                for line in kernel.lines() {
+                    let line = line.trim();
+                    if let Some((lhs, _)) = line.split_once(" = \"") {
+                        defined.insert(lhs.to_string());
+                    }
+                    if let Some(args) = line.split_once("\"(").map(|(_, r)| r) {
+                        let args = args.split(')').next().unwrap();
+                        for a in args
+                            .split(", ")
+                            .filter(|a| a.starts_with('%') && !a.starts_with("%arg"))
+                        {
+                            assert!(defined.contains(a), "{a} used before it is defined: {line}");
+                        }
+                    }
+                }
+                let params = text.matches("transform_indices = @transform_").count();
+                let args = kernel
+                    .split("^bb0(")
+                    .nth(1)
+                    .unwrap()
+                    .split("):")
+                    .next()
+                    .unwrap();
+                assert_eq!(params + 1, args.matches("%arg").count(), "{args}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_matrix_rotates_each_block_of_64_alone() {
+        let h = rotation_matrix();
+        assert_eq!(h[0], 0.125);
+        assert_eq!(h[64], 0.0); // row 0, column 64: the other block
+        assert_eq!(h[64 * 128 + 64], 0.125);
+        assert_eq!(h[128 + 1], -0.125); // H[1][1] = -1
+    }
+}
