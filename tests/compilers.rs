@@ -242,13 +242,20 @@ fn main() {
             }
         }
     }
-    // equarx's own Mosaic kernels for XLA:TPU's two-shot (`emit/mosaic.rs`).
-    for rotation in ["none", "hadamard"] {
-        let topology = "v5e:2x2";
+    // equarx's own Mosaic kernels for XLA:TPU's two-shot (`emit/mosaic.rs`),
+    // on every TPU generation the cases compile on.
+    let mosaic = [
+        ("v5e:2x2", 4, "none"),
+        ("v5e:2x2", 4, "hadamard"),
+        ("v5e:2x4", 8, "hadamard"),
+        ("v5p:2x2x2", 8, "hadamard"),
+        ("v6e:2x4", 8, "hadamard"),
+    ];
+    for (topology, devices, rotation) in mosaic {
         batches.entry(topology.to_string()).or_default().push(Job {
             name: format!("before_xla::two-shot+{rotation}+int8+mosaic@{topology}"),
             spec: json!({
-                "program": "psum", "devices": 4, "rows": 256, "cols": 1024,
+                "program": "psum", "devices": devices, "rows": 256, "cols": 1024,
                 "door": "before",
                 "options": {"min_payload_bytes": 0, "algorithm": "two-shot",
                             "rotation": rotation, "quant_format": "int8", "kernels": "mosaic"},
