@@ -28,7 +28,7 @@
 //!   with the plan asked for and s8 on the wire, and no workaround.
 //!   With `kernels=mosaic` on v5e:2x2, two-shot's steps are equarx's own
 //!   Mosaic kernels, and the plan must say so.
-//! - `kernels::PLAN@v5e`: those kernels' text run on the host by
+//! - `kernels::PLAN@P=N`: those kernels' text run on the host by
 //!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
 //!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
 //!   on XLA:CPU, its twin.
@@ -268,10 +268,19 @@ fn main() {
             },
         });
     }
-    for rotation in ["hadamard", "none"] {
+    // P = 3 carries an odd part through the sum's halves; P = 8 adds three
+    // levels of them.
+    for (rotation, devices, shape) in [
+        ("hadamard", 4, "256,640"),
+        ("none", 4, "256,640"),
+        ("hadamard", 3, "192,640"),
+        ("hadamard", 8, "256,1024"),
+    ] {
         trials.push(Trial::test(
-            format!("kernels::two-shot+{rotation}@v5e (Mosaic text against equarx's emission)"),
-            move || kernel_check(rotation).map_err(Failed::from),
+            format!(
+                "kernels::two-shot+{rotation}@P={devices} (Mosaic text against equarx's emission)"
+            ),
+            move || kernel_check(rotation, devices, shape).map_err(Failed::from),
         ));
     }
     sample_jobs(&mut batches);
@@ -310,12 +319,17 @@ fn main() {
 /// the text libtpu compiles (run by `tests/compilers/mosaic.py`) and in
 /// Pallas's interpreter, bit for bit against equarx's HLO emission of the
 /// same plan for XLA:TPU on 4 XLA:CPU devices: the kernels' XLA:CPU twin.
-fn kernel_check(rotation: &str) -> Result<(), String> {
+fn kernel_check(rotation: &str, devices: usize, shape: &str) -> Result<(), String> {
     let py = common::venv(common::Venv::Compilers)?;
     let repo = common::repo();
     let mut cmd = Command::new(&py);
-    cmd.arg(repo.join("bench/compile/kernel_probe.py"))
-        .arg("--check");
+    cmd.arg(repo.join("bench/compile/kernel_probe.py")).args([
+        "--check",
+        "--devices",
+        &devices.to_string(),
+        "--shape",
+        shape,
+    ]);
     if rotation == "none" {
         cmd.arg("--no-rotation");
     }

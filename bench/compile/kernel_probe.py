@@ -28,7 +28,7 @@ Steps 1, 3 and 5 are one kernel each, `--rows-per-step` rows a grid step.
   |x| and a floor, capped at +Inf; the bf16 scale; codes against its
   reciprocal; the exchange's sum in equarx's order; `(H·q)·scale` back),
   and `--check` holds it to equarx's own XLA:TPU emission bit for bit,
-  run two ways: in Pallas's interpreter on 4 XLA:CPU devices, and as the
+  run two ways: in Pallas's interpreter on P XLA:CPU devices, and as the
   Mosaic text libtpu compiles (lowered for TPU, each body run on the host
   by `tests/compilers/mosaic.py`, the collectives in numpy); equarx's
   rewrite (`platform=tpu`, the same plan) runs on the same devices, on a
@@ -335,9 +335,9 @@ def walk(op):
                 yield from walk(inner.operation)
 
 
-def check(rows, cols, tm, scales_in_lanes, rotation):
+def check(rows, cols, tm, scales_in_lanes, rotation, n):
     """The Mosaic kernels against equarx's own rewrite (XLA:TPU's emission,
-    `platform=tpu`, the same plan) of the same psum on 4 XLA:CPU devices,
+    `platform=tpu`, the same plan) of the same psum on `n` XLA:CPU devices,
     every device's result bit for bit, run two ways: by Pallas's interpreter
     (the kernels as written), and as the Mosaic text libtpu compiles (lowered
     for TPU, run by `tests/compilers/mosaic.py`, the collectives between
@@ -347,8 +347,7 @@ def check(rows, cols, tm, scales_in_lanes, rotation):
     import numpy as np
     import equarx.jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    devices = jax.devices("cpu")[:4]
-    n = len(devices)
+    devices = jax.devices("cpu")[:n]
     mesh = Mesh(np.array(devices), ("x",))
     rng = np.random.default_rng(0)
     # Heavy tails, a few outlier channels, a NaN and an Inf in one block each.
@@ -464,9 +463,11 @@ def main(argv=None):
                     help="a third side: equarx's own rewrite before XLA (the topology's defaults, "
                          "min_payload_bytes=0; python/ on PYTHONPATH, EQUARX_LIB its library)")
     ap.add_argument("--check", action="store_true",
-                    help="instead of compiling: run the TPU kernels in Pallas's interpreter on 4 "
+                    help="instead of compiling: run the TPU kernels in Pallas's interpreter on P "
                          "XLA:CPU devices against equarx's XLA:TPU emission, bit for bit (python/ on "
                          "PYTHONPATH, EQUARX_LIB its library)")
+    ap.add_argument("--devices", type=int, default=4,
+                    help="--check: XLA:CPU devices, the group size P (default 4)")
     ap.add_argument("--shape", default="256,640",
                     help="--check: a device's psum operand, ROWS,COLS (default 256,640)")
     args = ap.parse_args(argv)
@@ -481,9 +482,10 @@ def main(argv=None):
     if args.check:
         os.environ["JAX_PLATFORMS"] = "cpu"
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_force_host_platform_device_count=4")
+                                   + " --xla_force_host_platform_device_count=%d" % args.devices)
         rows, cols = (int(v) for v in args.shape.split(","))
-        raise SystemExit(1 if check(rows, cols, tm, args.scales == "lanes", rotation) else 0)
+        differ = check(rows, cols, tm, args.scales == "lanes", rotation, args.devices)
+        raise SystemExit(1 if differ else 0)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
     topo = compilers.tool.topology(platform, args.topology)
