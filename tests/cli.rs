@@ -710,7 +710,7 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
         &input,
         "HloModule m, num_partitions=4\n\nadd {\n  a = bf16[] parameter(0)\n  \
          b = bf16[] parameter(1)\n  ROOT s = bf16[] add(a, b)\n}\n\nENTRY main {\n  \
-         p = bf16[2,128,1024] parameter(0)\n  ROOT r = bf16[2,128,1024] all-reduce(p), \
+         p = bf16[2,256,1024] parameter(0)\n  ROOT r = bf16[2,256,1024] all-reduce(p), \
          channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=add\n}\n",
     )
     .unwrap();

@@ -255,7 +255,7 @@ fn main() {
         batches.entry(topology.to_string()).or_default().push(Job {
             name: format!("before_xla::two-shot+{rotation}+int8+mosaic@{topology}"),
             spec: json!({
-                "program": "psum", "devices": devices, "rows": 256, "cols": 1024,
+                "program": "psum", "devices": devices, "rows": 128 * devices, "cols": 1024,
                 "door": "before",
                 "options": {"min_payload_bytes": 0, "algorithm": "two-shot",
                             "rotation": rotation, "quant_format": "int8", "kernels": "mosaic"},
@@ -271,10 +271,10 @@ fn main() {
     // P = 3 carries an odd part through the sum's halves; P = 8 adds three
     // levels of them.
     for (rotation, devices, shape) in [
-        ("hadamard", 4, "256,640"),
-        ("none", 4, "256,640"),
-        ("hadamard", 3, "192,640"),
-        ("hadamard", 8, "256,1024"),
+        ("hadamard", 4, "512,640"),
+        ("none", 4, "512,640"),
+        ("hadamard", 3, "384,640"),
+        ("hadamard", 8, "1024,256"),
     ] {
         trials.push(Trial::test(
             format!(

@@ -39,8 +39,13 @@ Steps 1, 3 and 5 are one kernel each, `--rows-per-step` rows a grid step.
   `[rows, C/64]`, which libtpu relayouts around the scales' collectives (a
   copy each side of the all-to-all); `--scales lanes` stores them
   transposed, `[P, C/64, rows/P]`, which it moves as they are (a step is
-  then a multiple of 128 rows, the lanes of the scales' block). s8's tile
-  is 32 rows, the least step.
+  then a multiple of 128 rows, the lanes of the scales' block); `--scales
+  slab` stores them so too but keeps 32-row steps: a destination's slab
+  `[C/64, rows/P]` is one window that its steps revisit, each writing its
+  rows' scales into its lanes (transposed, rotated there by a dynamic
+  rotate, the other lanes kept) and reading them back the same way; rows/P
+  a multiple of 128. `slab` is what equarx's own kernels (`kernels=mosaic`)
+  do. s8's tile is 32 rows, the least step.
 - XLA:GPU (Triton): the payload as block rows `[n, 64]`, a step 64 rows
   (the default), f32 scales `[n]`; the numerics only near equarx's
   (absmax / 127, round half up, since Pallas's Triton lowering has no
@@ -73,6 +78,8 @@ def hadamard(n):
                     np.float32) / np.sqrt(n)
 
 
+# Where equarx's own kernels (`kernels=mosaic`) keep the scales.
+EQUARX_FORM = "slab"
 FLOOR_BITS = 0x04000000  # 2^-119, int8's absmax floor (equarx::numerics::absmax_floor)
 INF_BITS = 0x7F800000
 
@@ -85,14 +92,18 @@ def pairwise(parts):
     return parts[0]
 
 
-def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
+def mosaic_psum(tm, form, rotation, interpret=False):
     """`qpsum(x, axis, n)` over three Mosaic kernels, equarx's int8 contract
-    (B = 64, bf16 scales) op for op."""
+    (B = 64, bf16 scales) op for op; `form`, where the scales go: rows, lanes or slab (the
+    module's docstring)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
 
+    scales_in_lanes = form == "lanes"
+    slab = form == "slab"
     # Two blocks per 128 lanes; entries +-1/8, the norm folded in (exact).
     h128 = np.kron(np.eye(2, dtype=np.float32), hadamard(64))
     inv_qmax = np.float32(1) / np.float32(127)
@@ -132,13 +143,38 @@ def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
             acc = jnp.where(lane == k, c.astype(jnp.float32), acc)
         return acc.T.astype(jnp.bfloat16)
 
+    def offset(s_ref):
+        """Slab: where this grid step's rows sit in its destination's lanes."""
+        m = s_ref.shape[-1]
+        return jax.lax.rem(pl.program_id(0), m // tm) * tm
+
     def load_scales(s_ref):
         """A step's scales as f32 [tm, nb] (read transposed where they are stored so)."""
         s = s_ref[...].astype(jnp.float32)
+        if slab:  # the step's lanes rotated to the front, then its rows
+            m = s.shape[-1]
+            if m > tm:
+                s = pltpu.roll(s, jax.lax.rem(m - offset(s_ref), m), 1)
+            return s[:, :tm].T
         return s.T if scales_in_lanes else s
 
     def store_scales(s_ref, columns):
-        if scales_in_lanes:
+        if slab:  # the step's scales into its lanes of the [nb, m] slab
+            m, nb = s_ref.shape[-1], len(columns)
+            lane = jax.lax.broadcasted_iota(jnp.int32, (tm, nb), 1)
+            rows = jnp.zeros((tm, nb), jnp.float32)
+            for k, c in enumerate(columns):
+                rows = jnp.where(lane == k, c.astype(jnp.float32), rows)
+            if m > tm:
+                rows = jnp.concatenate([rows, jnp.zeros((m - tm, nb), jnp.float32)], axis=0)
+            t = rows.T
+            if m > tm:
+                at = offset(s_ref)
+                t = pltpu.roll(t, at, 1)
+                lane = jax.lax.broadcasted_iota(jnp.int32, t.shape, 1)
+                t = jnp.where((lane >= at) & (lane < at + tm), t, s_ref[...].astype(jnp.float32))
+            s_ref[...] = t.astype(jnp.bfloat16)
+        elif scales_in_lanes:
             s_ref[...] = lanes(columns)
         else:
             for k, c in enumerate(columns):
@@ -156,7 +192,7 @@ def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
             q, s = quantize(y)
             c_ref[:, j * 128:(j + 1) * 128] = q
             columns += s
-        store_scales(s_ref.at[0] if scales_in_lanes else s_ref, columns)
+        store_scales(s_ref if form == "rows" else s_ref.at[0], columns)
 
     def sum_kernel(c_ref, s_ref, co_ref, so_ref):
         n = c_ref.shape[0]
@@ -169,11 +205,11 @@ def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
             q, s = quantize(pairwise(parts))
             co_ref[:, j * 128:(j + 1) * 128] = q
             columns += s
-        store_scales(so_ref.at[0] if scales_in_lanes else so_ref, columns)
+        store_scales(so_ref if form == "rows" else so_ref.at[0], columns)
 
     def dequantize_kernel(c_ref, s_ref, h_ref, o_ref):
         lo = low_half((c_ref.shape[0], 128))
-        scales = load_scales(s_ref.at[0] if scales_in_lanes else s_ref)
+        scales = load_scales(s_ref if form == "rows" else s_ref.at[0])
         for j in range(c_ref.shape[1] // 128):
             q = c_ref[:, j * 128:(j + 1) * 128].astype(jnp.float32)
             if rotation:  # (H.q).scale: the integer sums are exact
@@ -193,7 +229,11 @@ def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
         row = lambda w: pl.BlockSpec((tm, w), lambda i: (i, 0))  # noqa: E731
         hs = pl.BlockSpec((128, 128), lambda i: (0, 0))
         codes = lambda k: (row(cols), jax.ShapeDtypeStruct((k, cols), jnp.int8))  # noqa: E731
-        if scales_in_lanes:
+        if slab:  # a destination's [nb, m] slab, revisited by its steps
+            spec = pl.BlockSpec((1, nb, m), lambda i: (jax.lax.div(i, per), 0, 0))
+            scale = lambda k: (spec, jax.ShapeDtypeStruct((k // m, nb, m), jnp.bfloat16))  # noqa: E731
+            sums_in = pl.BlockSpec((n, nb, m), lambda i: (0, 0, 0))
+        elif scales_in_lanes:
             spec = pl.BlockSpec((1, nb, tm), lambda i: (jax.lax.div(i, per), 0, jax.lax.rem(i, per)))
             scale = lambda k: (spec, jax.ShapeDtypeStruct((k // m, nb, m), jnp.bfloat16))  # noqa: E731
             sums_in = pl.BlockSpec((n, nb, tm), lambda i: (0, 0, i))
@@ -208,7 +248,7 @@ def mosaic_psum(tm, scales_in_lanes, rotation, interpret=False):
 
         c, s = call(quantize_kernel, r, (x, h), [row(cols), hs], [codes(r), scale(r)])
         c = jax.lax.all_to_all(c.reshape(n, m, cols), axis, 0, 0, tiled=False)
-        s = jax.lax.all_to_all(s if scales_in_lanes else s.reshape(n, m, nb), axis, 0, 0, tiled=False)
+        s = jax.lax.all_to_all(s if form != "rows" else s.reshape(n, m, nb), axis, 0, 0, tiled=False)
         c, s = call(sum_kernel, m, (c, s), [pl.BlockSpec((n, tm, cols), lambda i: (0, i, 0)), sums_in],
                     [codes(m), scale(m)])
         c = jax.lax.all_gather(c, axis, tiled=True)
@@ -335,7 +375,7 @@ def walk(op):
                 yield from walk(inner.operation)
 
 
-def check(rows, cols, tm, scales_in_lanes, rotation, n):
+def check(rows, cols, tm, form, rotation, n):
     """The Mosaic kernels against equarx's own rewrite (XLA:TPU's emission,
     `platform=tpu`, the same plan) of the same psum on `n` XLA:CPU devices,
     every device's result bit for bit, run two ways: by Pallas's interpreter
@@ -368,13 +408,13 @@ def check(rows, cols, tm, scales_in_lanes, rotation, n):
         shard_mapped(lambda a: jax.lax.psum(a, "x")).lower(x), **options)
     print("equarx's plan: %s" % json_plan(equarx.jax.last_report()))
     results = {"equarx": np.asarray(rewritten.compile()(x))}
-    interpreted = mosaic_psum(tm, scales_in_lanes, rotation, interpret=True)
+    interpreted = mosaic_psum(tm, form, rotation, interpret=True)
     results["Pallas interpreter"] = np.asarray(shard_mapped(lambda a: interpreted(a, "x", n))(x))
-    qpsum = mosaic_psum(tm, scales_in_lanes, rotation)
+    qpsum = mosaic_psum(tm, form, rotation)
     lowered = shard_mapped(lambda a: qpsum(a, "x", n)).trace(x).lower(lowering_platforms=("tpu",))
     bodies = re.findall(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)\\22', str(lowered.compiler_ir("stablehlo")))
     results["Mosaic text"] = mosaic_text_psum([base64.b64decode(b) for b in bodies],
-                                              np.asarray(x), n, tm, scales_in_lanes, True)
+                                              np.asarray(x), n, tm, form, True)
     # equarx's own kernels (`kernels=mosaic`), their text as the door wrote it.
     emitted = equarx.jax.rewrite_lowered(
         shard_mapped(lambda a: jax.lax.psum(a, "x")).lower(x), kernels="mosaic", **options)
@@ -383,7 +423,7 @@ def check(rows, cols, tm, scales_in_lanes, rotation, n):
         raise SystemExit("equarx did not write Mosaic kernels: %s" % report)
     bodies = re.findall(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)\\22', str(emitted.compiler_ir("stablehlo")))
     results["equarx's kernels"] = mosaic_text_psum([base64.b64decode(b) for b in bodies],
-                                                   np.asarray(x), n, 32, False, rotation)
+                                                   np.asarray(x), n, 32, EQUARX_FORM, rotation)
     theirs = results.pop("equarx").astype(np.float32)
     differ = 0
     for name, mine in results.items():
@@ -400,7 +440,7 @@ def check(rows, cols, tm, scales_in_lanes, rotation, n):
     return differ
 
 
-def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes, matrix):
+def mosaic_text_psum(bodies, x, n, tm, form, matrix):
     """The two-shot psum of `x` (`[n·rows, C]`, device k's rows the k-th
     run) from the three kernels' Mosaic bodies (quantize, sum, dequantize),
     each run by `tests/compilers/mosaic.py`, the all-to-all and the
@@ -417,11 +457,11 @@ def mosaic_text_psum(bodies, x, n, tm, scales_in_lanes, matrix):
     bf16 = ml_dtypes.bfloat16
 
     def scales(rows):
-        return np.zeros((rows // m, nb, m) if scales_in_lanes else (rows, nb), bf16)
+        return np.zeros((rows, nb) if form == "rows" else (max(rows // m, 1), nb, m), bf16)
 
     def parts(array):
         """A device's array as its n parts, part k for rank k."""
-        return array if scales_in_lanes and array.ndim == 3 else array.reshape(n, m, -1)
+        return array if form != "rows" and array.ndim == 3 else array.reshape(n, m, -1)
 
     h = [h] if matrix else []
     sent = [mosaic.run(quantize, [x[d * r:(d + 1) * r]] + h,
@@ -454,8 +494,9 @@ def main(argv=None):
     ap.add_argument("--rows-per-step", type=int,
                     help="rows a kernel's grid step takes (default on TPU 32, s8's tile, or 128 "
                          "with --scales lanes; on GPU 64)")
-    ap.add_argument("--scales", choices=["rows", "lanes"], default="rows",
-                    help="TPU: a step's scales stored [rows, C/64] or transposed (default rows)")
+    ap.add_argument("--scales", choices=["rows", "lanes", "slab"], default="rows",
+                    help="TPU: a step's scales stored [rows, C/64], transposed in 128-row steps, "
+                         "or transposed into a destination's slab (default rows)")
     ap.add_argument("--no-rotation", action="store_true", help="leave the Hadamard product out")
     ap.add_argument("--text-bodies", action="store_true",
                     help="compile the kernels' bodies as MLIR text instead of bytecode")
@@ -468,8 +509,8 @@ def main(argv=None):
                          "PYTHONPATH, EQUARX_LIB its library)")
     ap.add_argument("--devices", type=int, default=4,
                     help="--check: XLA:CPU devices, the group size P (default 4)")
-    ap.add_argument("--shape", default="256,640",
-                    help="--check: a device's psum operand, ROWS,COLS (default 256,640)")
+    ap.add_argument("--shape", default="512,640",
+                    help="--check: a device's psum operand, ROWS,COLS (default 512,640)")
     args = ap.parse_args(argv)
     rotation = not args.no_rotation
     platform = "tpu" if args.check else compilers.platform(args.topology)
@@ -484,14 +525,14 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=%d" % args.devices)
         rows, cols = (int(v) for v in args.shape.split(","))
-        differ = check(rows, cols, tm, args.scales == "lanes", rotation, args.devices)
+        differ = check(rows, cols, tm, args.scales, rotation, args.devices)
         raise SystemExit(1 if differ else 0)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
     topo = compilers.tool.topology(platform, args.topology)
     devices = sorted(topo.devices, key=lambda d: d.id)
     if platform == "tpu":
-        qpsum = mosaic_psum(tm, args.scales == "lanes", rotation)
+        qpsum = mosaic_psum(tm, args.scales, rotation)
         target = "tpu_custom_call"
     else:
         qpsum = triton_psum(tm, rotation)

@@ -194,6 +194,7 @@ OPS = {
     "arith.ori": _binary(np.bitwise_or),
     "arith.xori": _binary(np.bitwise_xor),
     "arith.addi": _binary(np.add),
+    "arith.subi": _binary(np.subtract),
     "arith.muli": _binary(np.multiply),
     "arith.divsi": _binary(lambda a, b: np.trunc(np.true_divide(a, b)).astype(np.asarray(a).dtype)),
     "arith.remsi": _binary(np.fmod),
@@ -210,6 +211,11 @@ OPS = {
     "tpu.bitcast": _bitcast,
     "tpu.iota": _iota,
     "tpu.matmul": _matmul_op,
+    "tpu.concatenate": lambda op, ins, rtype: np.concatenate(
+        ins, axis=int(str(op.attributes["dimension"]).split(":")[0])),
+    # jnp.roll's direction: element i goes to (i + shift) mod n.
+    "tpu.dynamic_rotate": lambda op, ins, rtype: np.roll(
+        ins[0], int(ins[1]), axis=int(str(op.attributes["dimension"]).split(":")[0])),
     "tpu.transpose": lambda op, ins, rtype: np.transpose(
         ins[0], _ints(op.attributes["permutation"])).copy(),
     "tpu.vector_store": _store,

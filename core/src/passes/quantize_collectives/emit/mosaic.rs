@@ -1,13 +1,19 @@
 //! Two-shot's three compute steps as Mosaic kernels for XLA:TPU (the
 //! `stable_mosaic` text a `tpu_custom_call` carries, which libtpu compiles):
-//! quantize, dequantize-sum-requantize, dequantize. One kernel a step, where
-//! libtpu makes 9 to 14 kernels an op of the same arithmetic in HLO.
+//! quantize, dequantize-sum-requantize, dequantize. Three kernels an op,
+//! where libtpu makes 9.75 to 14 of the same arithmetic in HLO.
 //!
 //! The payload is seen as `[R, C]` (its rows and last dimension, C a
 //! multiple of 128): each 128 lanes of a row are two blocks of 64, so a
 //! block is 64 consecutive elements of the flattened payload, as in the HLO
 //! emission, and no element moves between TPU tiles. A grid step takes
 //! [`ROWS_PER_STEP`] rows and unrolls the row's 128-lane chunks.
+//!
+//! The scales travel as slabs `[nb, m]`, one per destination rank (its m
+//! rows along the lanes): stored as rows `[m, nb]` (nb < 128 lanes), libtpu
+//! relayouted them around every all-to-all, two more kernels an op. A step
+//! writes its rows' scales into its lanes of the slab (transposed, rotated
+//! there, the other steps' lanes kept) and reads them back the same way.
 //!
 //! The arithmetic is the HLO emission's op for op (`codes.rs`,
 //! `exchange.rs`; [`crate::numerics`]): the absmax from the bits of |x| and
@@ -35,6 +41,11 @@ use crate::proto::{PrimitiveType, ShapeProto};
 /// The largest group whose parts the sum kernel adds one by one (its body
 /// grows with P × the row's chunks).
 const MAX_PARTS: i64 = 8;
+
+/// A rank's rows are a multiple of this: its scales travel as a slab
+/// `[nb, rows]`, the rows along TPU's 128 lanes (Mosaic refuses the slab's
+/// transposes and rotations on fewer: "unsupported unaligned shape").
+const SLAB_LANES: i64 = 128;
 
 /// The widest row the kernels unroll (32 chunks of 128 lanes).
 const MAX_COLS: i64 = 4096;
@@ -78,11 +89,11 @@ pub(in crate::passes::quantize_collectives) fn fits(
             "the last dimension, {cols}, is not a multiple of 128 up to {MAX_COLS}"
         ));
     }
-    if p > MAX_PARTS || rows % (ROWS_PER_STEP * p) != 0 {
+    // A rank's rows are the lanes of its scales' slab: whole vregs of 128.
+    if p > MAX_PARTS || rows % (SLAB_LANES * p) != 0 {
         return Err(format!(
             "{rows} rows over {p} ranks: the kernels take up to {MAX_PARTS} ranks and rows a \
-             multiple of {} per rank",
-            ROWS_PER_STEP
+             multiple of {SLAB_LANES} per rank"
         ));
     }
     Ok(Shape {
@@ -105,10 +116,14 @@ impl Emitter<'_, '_, '_> {
         let h = s
             .rotation
             .then(|| self.b.f32_array(&rotation_matrix(), &[128, 128]));
+        // A message: the codes `[rows, C]` and the scales as slabs `[P', nb,
+        // m]`, a destination's scales with its rows along the lanes, which
+        // libtpu moves without relayouts (rows of nb < 128 scales it
+        // relayouted around every all-to-all).
         let message = |r: i64| {
             shape::tuple(vec![
                 shape::array(PrimitiveType::S8, &[r, cols]),
-                shape::array(PrimitiveType::Bf16, &[r, nb]),
+                shape::array(PrimitiveType::Bf16, &[r / m, nb, m]),
             ])
         };
         let mut ins = vec![&x];
@@ -118,9 +133,13 @@ impl Emitter<'_, '_, '_> {
         let groups = parts.groups.clone();
         let partitions = parts.space == IdSpace::Partition;
         let mut sent = Vec::new();
-        for (i, width) in [(0, cols), (1, nb)] {
+        for i in 0..2 {
             let v = self.b.get_tuple_element(&q, i);
-            let v = self.b.reshape(&v, &[p, m, width]);
+            let v = if i == 0 {
+                self.b.reshape(&v, &[p, m, cols])
+            } else {
+                v
+            };
             let channel = partitions.then(|| self.b.fresh_channel_id());
             sent.push(self.b.all_to_all(&v, 0, &groups, channel));
         }
@@ -427,21 +446,32 @@ enum Transform {
     Rows,
     /// Block `i` along the second of a 3-D one: `(0, i, 0)`.
     MiddleRows,
-    /// The whole operand: `(0, 0)`.
+    /// The whole operand: `(0, 0)`, `(0, 0, 0)`.
     Whole,
+    /// The slab of step `i`'s destination, `per` steps to one: `(i / per,
+    /// 0, 0)`.
+    Slab(i64),
 }
 
 fn transform_func(k: usize, rank: usize, transform: Transform) -> String {
-    let zero = "    %0 = \"stable_mosaic.arith.constant\"() {value = 0 : i32} : () -> i32\n";
+    let mut ops =
+        "    %0 = \"stable_mosaic.arith.constant\"() {value = 0 : i32} : () -> i32\n".to_string();
     let results: Vec<&str> = match transform {
         Transform::Rows => vec!["%arg0", "%0"],
         Transform::MiddleRows => vec!["%0", "%arg0", "%0"],
         Transform::Whole => vec!["%0"; rank],
+        Transform::Slab(per) => {
+            ops.push_str(&format!(
+                "    %1 = \"stable_mosaic.arith.constant\"() {{value = {per} : i32}} : () -> i32\n    \
+                 %2 = \"stable_mosaic.arith.divsi\"(%arg0, %1) : (i32, i32) -> i32\n"
+            ));
+            vec!["%2", "%0", "%0"]
+        }
     };
     debug_assert_eq!(results.len(), rank);
     let types = vec!["i32"; rank].join(", ");
     format!(
-        "  \"stable_mosaic.func.func\"() ({{\n  ^bb0(%arg0: i32):\n{zero}    \
+        "  \"stable_mosaic.func.func\"() ({{\n  ^bb0(%arg0: i32):\n{ops}    \
          \"stable_mosaic.func.return\"({}) : ({types}) -> ()\n  }}) {{function_type = (i32) -> \
          ({types}), sym_name = \"transform_{k}\"}} : () -> ()\n",
         results.join(", ")
@@ -551,9 +581,156 @@ fn quantize(body: &mut Body, c: &Common, y: &V) -> (V, [V; 2]) {
     (codes, [a, b])
 }
 
-fn store_scales(body: &mut Body, scales: &V, j: i64, pair: &[V; 2]) {
-    body.store(&pair[0], scales, &[0, 2 * j]);
-    body.store(&pair[1], scales, &[0, 2 * j + 1]);
+/// Where this grid step's rows begin in its destination's `m` rows (i32):
+/// `(i mod m/tm)·tm`.
+fn step_offset(body: &mut Body, m: i64) -> V {
+    let per = m / ROWS_PER_STEP;
+    if per == 1 {
+        return body.i32(0);
+    }
+    let grid = V {
+        name: "%arg0".into(),
+        ty: "i32".into(),
+    };
+    let per = body.i32(per);
+    let step = body.int("arith.remsi", &grid, &per);
+    let tm = body.i32(ROWS_PER_STEP);
+    body.op(
+        "arith.muli",
+        &[&step, &tm],
+        "overflowFlags = #arith.overflow<none>",
+        "i32",
+    )
+}
+
+/// A step's f32 scales `[tm, nb]` from its destination's slab (`slab`, a
+/// `[1, nb, m]` window; `part` its first index): the step's lanes rotated
+/// to the front, taken, transposed.
+fn load_slab(body: &mut Body, slab: &V, part: i64, nb: i64, m: i64, at: &V) -> V {
+    let tm = ROWS_PER_STEP;
+    let s = body.load(slab, &[part, 0, 0], &[1, nb, m], &[nb, m], "bf16");
+    let mut s = body.unary("arith.extf", &s, "f32");
+    if m > tm {
+        let lanes = body.i32(m);
+        let back = body.op(
+            "arith.subi",
+            &[&lanes, at],
+            "overflowFlags = #arith.overflow<none>",
+            "i32",
+        );
+        let shift = body.int("arith.remsi", &back, &lanes);
+        s = body.op(
+            "tpu.dynamic_rotate",
+            &[&s, &shift],
+            "dimension = 1 : si32",
+            &s.ty,
+        );
+        let attrs = format!("offsets = [0, 0], sizes = [{nb}, {tm}], strides = [1, 1]");
+        s = body.op(
+            "vector.extract_strided_slice",
+            &[&s],
+            &attrs,
+            &vector(&[nb, tm], "f32"),
+        );
+    }
+    body.op(
+        "tpu.transpose",
+        &[&s],
+        "permutation = array<i64: 1, 0>",
+        &vector(&[tm, nb], "f32"),
+    )
+}
+
+/// A step's scales (a pair of bf16 `[tm, 1]` columns a chunk) into its
+/// lanes of its destination's `[1, nb, m]` slab window: the step's scales
+/// as rows, padded to m, transposed, rotated to the step's lanes, the
+/// other steps' lanes kept.
+fn store_slab(body: &mut Body, slab: &V, nb: i64, m: i64, at: &V, pairs: &[[V; 2]]) {
+    let tm = ROWS_PER_STEP;
+    let lane = body.op(
+        "tpu.iota",
+        &[],
+        "dimensions = array<i32: 1>",
+        &vector(&[tm, nb], "i32"),
+    );
+    let zero = body.f32(0.0);
+    let mut rows = body.splat(&zero, &[tm, nb]);
+    for (k, column) in pairs.iter().flatten().enumerate() {
+        let k = body.i32(k as i64);
+        let k = body.splat(&k, &[tm, nb]);
+        let here = body.op(
+            "arith.cmpi",
+            &[&lane, &k],
+            "predicate = 0 : i64",
+            &vector(&[tm, nb], "i1"),
+        );
+        let c = body.unary("arith.extf", column, "f32");
+        let c = body.op("vector.broadcast", &[&c], "", &vector(&[tm, nb], "f32"));
+        rows = body.select(&here, &c, &rows);
+    }
+    let mut t;
+    if m > tm {
+        let pad = body.splat(&zero, &[m - tm, nb]);
+        let all = body.op(
+            "tpu.concatenate",
+            &[&rows, &pad],
+            "dimension = 0 : i32",
+            &vector(&[m, nb], "f32"),
+        );
+        t = body.op(
+            "tpu.transpose",
+            &[&all],
+            "permutation = array<i64: 1, 0>",
+            &vector(&[nb, m], "f32"),
+        );
+        t = body.op(
+            "tpu.dynamic_rotate",
+            &[&t, at],
+            "dimension = 1 : si32",
+            &t.ty,
+        );
+        let lanes = body.op(
+            "tpu.iota",
+            &[],
+            "dimensions = array<i32: 1>",
+            &vector(&[nb, m], "i32"),
+        );
+        let from = body.splat(at, &[nb, m]);
+        let tm_c = body.i32(tm);
+        let end = body.op(
+            "arith.addi",
+            &[at, &tm_c],
+            "overflowFlags = #arith.overflow<none>",
+            "i32",
+        );
+        let to = body.splat(&end, &[nb, m]);
+        let ge = body.op(
+            "arith.cmpi",
+            &[&lanes, &from],
+            "predicate = 5 : i64",
+            &vector(&[nb, m], "i1"),
+        );
+        let lt = body.op(
+            "arith.cmpi",
+            &[&lanes, &to],
+            "predicate = 2 : i64",
+            &vector(&[nb, m], "i1"),
+        );
+        let mine = body.int("arith.andi", &ge, &lt);
+        let old = body.load(slab, &[0, 0, 0], &[1, nb, m], &[nb, m], "bf16");
+        let old = body.unary("arith.extf", &old, "f32");
+        t = body.select(&mine, &t, &old);
+    } else {
+        t = body.op(
+            "tpu.transpose",
+            &[&rows],
+            "permutation = array<i64: 1, 0>",
+            &vector(&[nb, m], "f32"),
+        );
+    }
+    let t = body.unary("arith.truncf", &t, "bf16");
+    let t = body.op("vector.shape_cast", &[&t], "", &vector(&[1, nb, m], "bf16"));
+    body.store(&t, slab, &[0, 0, 0]);
 }
 
 /// Chunk `j`'s scales `[tm, 128]` from a step's f32 scales `[tm, nb]`.
@@ -565,15 +742,16 @@ fn chunk_scales(body: &mut Body, c: &Common, scales: &V, j: i64) -> V {
 
 fn quantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb) = (s.cols, s.blocks());
+    let (cols, nb, m) = (s.cols, s.blocks(), s.rows / s.parts);
     let mut refs = vec![memref(&[tm, cols], "bf16")];
     if s.rotation {
         refs.push(memref(&[128, 128], "f32"));
     }
     refs.push(memref(&[tm, cols], "i8"));
-    refs.push(memref(&[tm, nb], "bf16"));
+    refs.push(memref(&[1, nb, m], "bf16"));
     let mut body = Body::new(&refs);
     let c = common(&mut body);
+    let at = step_offset(&mut body, m);
     let x = body.arg(0);
     let h = s.rotation.then(|| {
         let h = body.arg(1);
@@ -581,6 +759,7 @@ fn quantize_kernel(s: Shape) -> String {
     });
     let out = usize::from(s.rotation) + 1;
     let (codes, scales) = (body.arg(out), body.arg(out + 1));
+    let mut pairs = Vec::new();
     for j in 0..s.chunks() {
         let chunk = body.load(&x, &[0, 128 * j], &[tm, 128], &[tm, 128], "bf16");
         let mut y = body.unary("arith.extf", &chunk, "f32");
@@ -598,36 +777,37 @@ fn quantize_kernel(s: Shape) -> String {
         }
         let (q, pair) = quantize(&mut body, &c, &y);
         body.store(&q, &codes, &[0, 128 * j]);
-        store_scales(&mut body, &scales, j, &pair);
+        pairs.push(pair);
     }
+    store_slab(&mut body, &scales, nb, m, &at, &pairs);
     let mut windows = vec![(vec![tm, cols], Transform::Rows)];
     if s.rotation {
         windows.push((vec![128, 128], Transform::Whole));
     }
     windows.push((vec![tm, cols], Transform::Rows));
-    windows.push((vec![tm, nb], Transform::Rows));
+    windows.push((vec![1, nb, m], Transform::Slab(m / tm)));
     body.finish("equarx_quantize", s.rows / tm, &windows)
 }
 
 fn sum_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
     let (cols, nb, p) = (s.cols, s.blocks(), s.parts);
+    let m = s.rows / p;
     let refs = [
         memref(&[p, tm, cols], "i8"),
-        memref(&[p, tm, nb], "bf16"),
+        memref(&[p, nb, m], "bf16"),
         memref(&[tm, cols], "i8"),
-        memref(&[tm, nb], "bf16"),
+        memref(&[1, nb, m], "bf16"),
     ];
     let mut body = Body::new(&refs);
     let c = common(&mut body);
+    let at = step_offset(&mut body, m);
     let (codes_in, scales_in) = (body.arg(0), body.arg(1));
     let (codes, scales) = (body.arg(2), body.arg(3));
     let part_scales: Vec<V> = (0..p)
-        .map(|k| {
-            let s = body.load(&scales_in, &[k, 0, 0], &[1, tm, nb], &[tm, nb], "bf16");
-            body.unary("arith.extf", &s, "f32")
-        })
+        .map(|k| load_slab(&mut body, &scales_in, k, nb, m, &at))
         .collect();
+    let mut pairs = Vec::new();
     for j in 0..s.chunks() {
         let mut parts: Vec<V> = (0..p)
             .map(|k| {
@@ -648,21 +828,22 @@ fn sum_kernel(s: Shape) -> String {
         }
         let (q, pair) = quantize(&mut body, &c, &parts[0]);
         body.store(&q, &codes, &[0, 128 * j]);
-        store_scales(&mut body, &scales, j, &pair);
+        pairs.push(pair);
     }
+    store_slab(&mut body, &scales, nb, m, &at, &pairs);
     let windows = [
         (vec![p, tm, cols], Transform::MiddleRows),
-        (vec![p, tm, nb], Transform::MiddleRows),
+        (vec![p, nb, m], Transform::Whole),
         (vec![tm, cols], Transform::Rows),
-        (vec![tm, nb], Transform::Rows),
+        (vec![1, nb, m], Transform::Whole),
     ];
     body.finish("equarx_sum", s.rows / p / tm, &windows)
 }
 
 fn dequantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb) = (s.cols, s.blocks());
-    let mut refs = vec![memref(&[tm, cols], "i8"), memref(&[tm, nb], "bf16")];
+    let (cols, nb, m) = (s.cols, s.blocks(), s.rows / s.parts);
+    let mut refs = vec![memref(&[tm, cols], "i8"), memref(&[1, nb, m], "bf16")];
     if s.rotation {
         refs.push(memref(&[128, 128], "f32"));
     }
@@ -675,8 +856,8 @@ fn dequantize_kernel(s: Shape) -> String {
         body.load(&h, &[0, 0], &[128, 128], &[128, 128], "f32")
     });
     let out = body.arg(if s.rotation { 3 } else { 2 });
-    let scales = body.load(&scales_in, &[0, 0], &[tm, nb], &[tm, nb], "bf16");
-    let scales = body.unary("arith.extf", &scales, "f32");
+    let at = step_offset(&mut body, m);
+    let scales = load_slab(&mut body, &scales_in, 0, nb, m, &at);
     for j in 0..s.chunks() {
         let q = body.load(&codes, &[0, 128 * j], &[tm, 128], &[tm, 128], "i8");
         let mut q = body.unary("arith.sitofp", &q, "f32");
@@ -691,7 +872,7 @@ fn dequantize_kernel(s: Shape) -> String {
     }
     let mut windows = vec![
         (vec![tm, cols], Transform::Rows),
-        (vec![tm, nb], Transform::Rows),
+        (vec![1, nb, m], Transform::Slab(m / tm)),
     ];
     if s.rotation {
         windows.push((vec![128, 128], Transform::Whole));
