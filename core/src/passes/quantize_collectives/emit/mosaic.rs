@@ -363,6 +363,47 @@ impl Body {
         self.op(op, &[a, b], "", &ty)
     }
 
+    /// i32 lane numbers `[.., n]`: `tpu.iota` along the last dimension.
+    fn lanes(&mut self, dims: &[i64]) -> V {
+        let attr = format!("dimensions = array<i32: {}>", dims.len() - 1);
+        self.op("tpu.iota", &[], &attr, &vector(dims, "i32"))
+    }
+
+    /// A 2-D f32 vector transposed.
+    fn transpose(&mut self, x: &V, dims: [i64; 2]) -> V {
+        let ty = vector(&[dims[1], dims[0]], "f32");
+        self.op("tpu.transpose", &[x], "permutation = array<i64: 1, 0>", &ty)
+    }
+
+    /// `x` rotated along its lanes by `shift` (i32): lane i to lane i + shift.
+    fn rotate(&mut self, x: &V, shift: &V) -> V {
+        let ty = x.ty.clone();
+        self.op(
+            "tpu.dynamic_rotate",
+            &[x, shift],
+            "dimension = 1 : si32",
+            &ty,
+        )
+    }
+
+    /// `arith.cmpi` of `a` and `b` by MLIR's predicate number (0 eq, 2 slt,
+    /// 5 sge), an i1 of their shape.
+    fn cmpi(&mut self, predicate: i64, a: &V, b: &V) -> V {
+        let ty = retype(&a.ty, "i1");
+        self.op(
+            "arith.cmpi",
+            &[a, b],
+            &format!("predicate = {predicate} : i64"),
+            &ty,
+        )
+    }
+
+    /// i32 index arithmetic (`arith.addi`, `subi`, `muli`), no overflow
+    /// flags.
+    fn index_op(&mut self, op: &str, a: &V, b: &V) -> V {
+        self.op(op, &[a, b], "overflowFlags = #arith.overflow<none>", "i32")
+    }
+
     fn select(&mut self, pred: &V, a: &V, b: &V) -> V {
         let ty = a.ty.clone();
         self.op("arith.select", &[pred, a, b], "", &ty)
@@ -487,27 +528,12 @@ struct Common {
 
 fn common(body: &mut Body) -> Common {
     let tm = ROWS_PER_STEP;
-    let lanes = body.op(
-        "tpu.iota",
-        &[],
-        "dimensions = array<i32: 1>",
-        &vector(&[tm, 128], "i32"),
-    );
+    let lanes = body.lanes(&[tm, 128]);
     let half = body.i32(64);
     let half = body.splat(&half, &[tm, 128]);
-    let low = body.op(
-        "arith.cmpi",
-        &[&lanes, &half],
-        "predicate = 2 : i64",
-        &vector(&[tm, 128], "i1"),
-    );
-    let ge = body.op(
-        "arith.cmpi",
-        &[&lanes, &half],
-        "predicate = 5 : i64",
-        &vector(&[tm, 128], "i1"),
-    );
-    Common { low, high: ge }
+    let low = body.cmpi(2, &lanes, &half);
+    let high = body.cmpi(5, &lanes, &half);
+    Common { low, high }
 }
 
 /// f32 `[tm, 128]`, two blocks → s8 codes `[tm, 128]` and the two blocks'
@@ -595,12 +621,7 @@ fn step_offset(body: &mut Body, m: i64) -> V {
     let per = body.i32(per);
     let step = body.int("arith.remsi", &grid, &per);
     let tm = body.i32(ROWS_PER_STEP);
-    body.op(
-        "arith.muli",
-        &[&step, &tm],
-        "overflowFlags = #arith.overflow<none>",
-        "i32",
-    )
+    body.index_op("arith.muli", &step, &tm)
 }
 
 /// A step's f32 scales `[tm, nb]` from its destination's slab (`slab`, a
@@ -612,19 +633,9 @@ fn load_slab(body: &mut Body, slab: &V, part: i64, nb: i64, m: i64, at: &V) -> V
     let mut s = body.unary("arith.extf", &s, "f32");
     if m > tm {
         let lanes = body.i32(m);
-        let back = body.op(
-            "arith.subi",
-            &[&lanes, at],
-            "overflowFlags = #arith.overflow<none>",
-            "i32",
-        );
+        let back = body.index_op("arith.subi", &lanes, at);
         let shift = body.int("arith.remsi", &back, &lanes);
-        s = body.op(
-            "tpu.dynamic_rotate",
-            &[&s, &shift],
-            "dimension = 1 : si32",
-            &s.ty,
-        );
+        s = body.rotate(&s, &shift);
         let attrs = format!("offsets = [0, 0], sizes = [{nb}, {tm}], strides = [1, 1]");
         s = body.op(
             "vector.extract_strided_slice",
@@ -633,12 +644,7 @@ fn load_slab(body: &mut Body, slab: &V, part: i64, nb: i64, m: i64, at: &V) -> V
             &vector(&[nb, tm], "f32"),
         );
     }
-    body.op(
-        "tpu.transpose",
-        &[&s],
-        "permutation = array<i64: 1, 0>",
-        &vector(&[tm, nb], "f32"),
-    )
+    body.transpose(&s, [nb, tm])
 }
 
 /// A step's scales (a pair of bf16 `[tm, 1]` columns a chunk) into its
@@ -647,23 +653,13 @@ fn load_slab(body: &mut Body, slab: &V, part: i64, nb: i64, m: i64, at: &V) -> V
 /// other steps' lanes kept.
 fn store_slab(body: &mut Body, slab: &V, nb: i64, m: i64, at: &V, pairs: &[[V; 2]]) {
     let tm = ROWS_PER_STEP;
-    let lane = body.op(
-        "tpu.iota",
-        &[],
-        "dimensions = array<i32: 1>",
-        &vector(&[tm, nb], "i32"),
-    );
+    let lane = body.lanes(&[tm, nb]);
     let zero = body.f32(0.0);
     let mut rows = body.splat(&zero, &[tm, nb]);
     for (k, column) in pairs.iter().flatten().enumerate() {
         let k = body.i32(k as i64);
         let k = body.splat(&k, &[tm, nb]);
-        let here = body.op(
-            "arith.cmpi",
-            &[&lane, &k],
-            "predicate = 0 : i64",
-            &vector(&[tm, nb], "i1"),
-        );
+        let here = body.cmpi(0, &lane, &k);
         let c = body.unary("arith.extf", column, "f32");
         let c = body.op("vector.broadcast", &[&c], "", &vector(&[tm, nb], "f32"));
         rows = body.select(&here, &c, &rows);
@@ -671,62 +667,28 @@ fn store_slab(body: &mut Body, slab: &V, nb: i64, m: i64, at: &V, pairs: &[[V; 2
     let mut t;
     if m > tm {
         let pad = body.splat(&zero, &[m - tm, nb]);
+        let ty = vector(&[m, nb], "f32");
         let all = body.op(
             "tpu.concatenate",
             &[&rows, &pad],
             "dimension = 0 : i32",
-            &vector(&[m, nb], "f32"),
+            &ty,
         );
-        t = body.op(
-            "tpu.transpose",
-            &[&all],
-            "permutation = array<i64: 1, 0>",
-            &vector(&[nb, m], "f32"),
-        );
-        t = body.op(
-            "tpu.dynamic_rotate",
-            &[&t, at],
-            "dimension = 1 : si32",
-            &t.ty,
-        );
-        let lanes = body.op(
-            "tpu.iota",
-            &[],
-            "dimensions = array<i32: 1>",
-            &vector(&[nb, m], "i32"),
-        );
+        t = body.transpose(&all, [m, nb]);
+        t = body.rotate(&t, at);
+        let lanes = body.lanes(&[nb, m]);
         let from = body.splat(at, &[nb, m]);
         let tm_c = body.i32(tm);
-        let end = body.op(
-            "arith.addi",
-            &[at, &tm_c],
-            "overflowFlags = #arith.overflow<none>",
-            "i32",
-        );
+        let end = body.index_op("arith.addi", at, &tm_c);
         let to = body.splat(&end, &[nb, m]);
-        let ge = body.op(
-            "arith.cmpi",
-            &[&lanes, &from],
-            "predicate = 5 : i64",
-            &vector(&[nb, m], "i1"),
-        );
-        let lt = body.op(
-            "arith.cmpi",
-            &[&lanes, &to],
-            "predicate = 2 : i64",
-            &vector(&[nb, m], "i1"),
-        );
+        let ge = body.cmpi(5, &lanes, &from);
+        let lt = body.cmpi(2, &lanes, &to);
         let mine = body.int("arith.andi", &ge, &lt);
         let old = body.load(slab, &[0, 0, 0], &[1, nb, m], &[nb, m], "bf16");
         let old = body.unary("arith.extf", &old, "f32");
         t = body.select(&mine, &t, &old);
     } else {
-        t = body.op(
-            "tpu.transpose",
-            &[&rows],
-            "permutation = array<i64: 1, 0>",
-            &vector(&[nb, m], "f32"),
-        );
+        t = body.transpose(&rows, [tm, nb]);
     }
     let t = body.unary("arith.truncf", &t, "bf16");
     let t = body.op("vector.shape_cast", &[&t], "", &vector(&[1, nb, m], "bf16"));
