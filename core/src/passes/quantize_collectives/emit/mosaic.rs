@@ -185,7 +185,7 @@ pub(in crate::passes::quantize_collectives) struct Shape {
     pub rows: i64,
     /// Its last dimension, a multiple of 128.
     pub cols: i64,
-    /// The group size P; R is a multiple of P · [`ROWS_PER_STEP`].
+    /// The group size P; R is a multiple of P · [`SLAB_LANES`].
     pub parts: i64,
     pub rotation: bool,
 }
@@ -409,13 +409,13 @@ impl Body {
         self.op("arith.select", &[pred, a, b], "", &ty)
     }
 
-    fn matmul(&mut self, lhs: &V, rhs: &V, dims: &[i64]) -> V {
-        let zero = self.f32(0.0);
-        let acc = self.splat(&zero, dims);
+    /// `acc + lhs·rhs`.
+    fn matmul(&mut self, lhs: &V, rhs: &V, acc: &V) -> V {
         let attrs = "dimension_numbers = #tpu.dot_dimension_numbers<[1], [0], [0], [1], \
                      [0, 0, 1, 1], [], []>, transpose_lhs = false, transpose_lhs_hint = false, \
                      transpose_rhs = false";
-        self.op("tpu.matmul", &[lhs, rhs, &acc], attrs, &vector(dims, "f32"))
+        let ty = acc.ty.clone();
+        self.op("tpu.matmul", &[lhs, rhs, acc], attrs, &ty)
     }
 
     /// Column `k` of `x` (`[rows, n]`), broadcast to `[rows, 128]`.
@@ -524,6 +524,8 @@ struct Common {
     /// i1 `[tm, 128]`: the lanes of the first block of each 128.
     low: V,
     high: V,
+    /// f32 `[tm, 128]` zeros.
+    zeros: V,
 }
 
 fn common(body: &mut Body) -> Common {
@@ -533,41 +535,80 @@ fn common(body: &mut Body) -> Common {
     let half = body.splat(&half, &[tm, 128]);
     let low = body.cmpi(2, &lanes, &half);
     let high = body.cmpi(5, &lanes, &half);
-    Common { low, high }
+    let zero = body.f32(0.0);
+    let zeros = body.splat(&zero, &[tm, 128]);
+    Common { low, high, zeros }
 }
 
 /// f32 `[tm, 128]`, two blocks → s8 codes `[tm, 128]` and the two blocks'
 /// bf16 scales `[tm, 1]` (the HLO emission's `quantize`, op for op).
-fn quantize(body: &mut Body, c: &Common, y: &V) -> (V, [V; 2]) {
+/// The constants [`quantize`] reads, made once a kernel.
+struct Limits {
+    /// i32 `[tm, 128]`: the sign bit cleared.
+    mask: V,
+    /// i32 `[tm, 128]`: the absmax floor's bits.
+    floors: V,
+    /// i32 `[tm]`: the least i32, the neutral value Mosaic requires of a
+    /// maximum's accumulator.
+    least: V,
+    /// i32 `[tm, 1]`: +Inf's bits.
+    inf: V,
+    /// f32 `[tm, 1]`: fl(1/127).
+    inv: V,
+    /// f32 `[tm, 128]`: 1, and the codes' bounds ±127.
+    ones: V,
+    hi: V,
+    lo: V,
+}
+
+fn limits(body: &mut Body) -> Limits {
     let tm = ROWS_PER_STEP;
     let format = QuantFormat::Int8;
-    let bits = body.op("tpu.bitcast", &[y], "", &vector(&[tm, 128], "i32"));
     let mask = body.i32(0x7fff_ffff);
     let mask = body.splat(&mask, &[tm, 128]);
-    let magnitude = body.int("arith.andi", &bits, &mask);
-    let floor_bits = absmax_floor(format).to_bits() as i64;
-    let floor = body.i32(floor_bits);
+    let floor = body.i32(absmax_floor(format).to_bits() as i64);
     let floors = body.splat(&floor, &[tm, 128]);
+    let least = body.op(
+        "arith.constant",
+        &[],
+        &format!("value = dense<{}> : {}", i32::MIN, vector(&[tm], "i32")),
+        &vector(&[tm], "i32"),
+    );
     let inf = body.i32(f32::INFINITY.to_bits() as i64);
     let inf = body.splat(&inf, &[tm, 1]);
     let inv = body.f32(inv_qmax(format));
     let inv = body.splat(&inv, &[tm, 1]);
+    let one = body.f32(1.0);
+    let ones = body.splat(&one, &[tm, 128]);
+    let qmax = body.f32(format.qmax());
+    let hi = body.splat(&qmax, &[tm, 128]);
+    let lo = body.f32(-format.qmax());
+    let lo = body.splat(&lo, &[tm, 128]);
+    Limits {
+        mask,
+        floors,
+        least,
+        inf,
+        inv,
+        ones,
+        hi,
+        lo,
+    }
+}
+
+fn quantize(body: &mut Body, c: &Common, k: &Limits, y: &V) -> (V, [V; 2]) {
+    let tm = ROWS_PER_STEP;
+    let bits = body.op("tpu.bitcast", &[y], "", &vector(&[tm, 128], "i32"));
+    let magnitude = body.int("arith.andi", &bits, &k.mask);
     let mut scales = Vec::new();
     let mut wide = Vec::new();
     for half in [&c.low, &c.high] {
         // The floor is among the elements (the other block's lanes), so
-        // the reduction starts from the least i32, the neutral value
-        // Mosaic requires of its accumulator.
-        let held = body.select(half, &magnitude, &floors);
-        let acc = body.op(
-            "arith.constant",
-            &[],
-            &format!("value = dense<{}> : {}", i32::MIN, vector(&[tm], "i32")),
-            &vector(&[tm], "i32"),
-        );
+        // the reduction may start from the least i32.
+        let held = body.select(half, &magnitude, &k.floors);
         let largest = body.op(
             "vector.multi_reduction",
-            &[&held, &acc],
+            &[&held, &k.least],
             "kind = #vector.kind<maxsi>, reduction_dims = array<i64: 1>",
             &vector(&[tm], "i32"),
         );
@@ -577,18 +618,16 @@ fn quantize(body: &mut Body, c: &Common, y: &V) -> (V, [V; 2]) {
             "",
             &vector(&[tm, 1], "i32"),
         );
-        let capped = body.int("arith.minsi", &largest, &inf);
+        let capped = body.int("arith.minsi", &largest, &k.inf);
         let absmax = body.op("tpu.bitcast", &[&capped], "", &vector(&[tm, 1], "f32"));
-        let raw = body.float("arith.mulf", &absmax, &inv);
+        let raw = body.float("arith.mulf", &absmax, &k.inv);
         let scale = body.unary("arith.truncf", &raw, "bf16");
         let back = body.unary("arith.extf", &scale, "f32");
         wide.push(body.op("vector.broadcast", &[&back], "", &vector(&[tm, 128], "f32")));
         scales.push(scale);
     }
     let scale = body.select(&c.low, &wide[0], &wide[1]);
-    let one = body.f32(1.0);
-    let ones = body.splat(&one, &[tm, 128]);
-    let recip = body.float("arith.divf", &ones, &scale);
+    let recip = body.float("arith.divf", &k.ones, &scale);
     let ratio = body.float("arith.mulf", y, &recip);
     let rounded = body.op(
         "math.roundeven",
@@ -596,12 +635,8 @@ fn quantize(body: &mut Body, c: &Common, y: &V) -> (V, [V; 2]) {
         "fastmath = #arith.fastmath<none>",
         &ratio.ty,
     );
-    let qmax = body.f32(format.qmax());
-    let hi = body.splat(&qmax, &[tm, 128]);
-    let lo = body.f32(-format.qmax());
-    let lo = body.splat(&lo, &[tm, 128]);
-    let clamped = body.float("arith.maximumf", &rounded, &lo);
-    let clamped = body.float("arith.minimumf", &clamped, &hi);
+    let clamped = body.float("arith.maximumf", &rounded, &k.lo);
+    let clamped = body.float("arith.minimumf", &clamped, &k.hi);
     let codes = body.unary("arith.fptosi", &clamped, "i8");
     let [a, b]: [V; 2] = scales.try_into().unwrap_or_else(|_| unreachable!());
     (codes, [a, b])
@@ -713,6 +748,7 @@ fn quantize_kernel(s: Shape) -> String {
     refs.push(memref(&[1, nb, m], "bf16"));
     let mut body = Body::new(&refs);
     let c = common(&mut body);
+    let lim = limits(&mut body);
     let at = step_offset(&mut body, m);
     let x = body.arg(0);
     let h = s.rotation.then(|| {
@@ -729,15 +765,13 @@ fn quantize_kernel(s: Shape) -> String {
             // Each block by its own product, the other block's lanes
             // zeroed: in one product of both a NaN's zero terms (NaN × 0)
             // would spill into the other block.
-            let zero = body.f32(0.0);
-            let zeros = body.splat(&zero, &[tm, 128]);
-            let low = body.select(&c.low, &y, &zeros);
-            let high = body.select(&c.low, &zeros, &y);
-            let low = body.matmul(&low, h, &[tm, 128]);
-            let high = body.matmul(&high, h, &[tm, 128]);
+            let low = body.select(&c.low, &y, &c.zeros);
+            let high = body.select(&c.low, &c.zeros, &y);
+            let low = body.matmul(&low, h, &c.zeros);
+            let high = body.matmul(&high, h, &c.zeros);
             y = body.select(&c.low, &low, &high);
         }
-        let (q, pair) = quantize(&mut body, &c, &y);
+        let (q, pair) = quantize(&mut body, &c, &lim, &y);
         body.store(&q, &codes, &[0, 128 * j]);
         pairs.push(pair);
     }
@@ -763,6 +797,7 @@ fn sum_kernel(s: Shape) -> String {
     ];
     let mut body = Body::new(&refs);
     let c = common(&mut body);
+    let lim = limits(&mut body);
     let at = step_offset(&mut body, m);
     let (codes_in, scales_in) = (body.arg(0), body.arg(1));
     let (codes, scales) = (body.arg(2), body.arg(3));
@@ -788,7 +823,7 @@ fn sum_kernel(s: Shape) -> String {
             sums.extend(parts.get(2 * h).cloned());
             parts = sums;
         }
-        let (q, pair) = quantize(&mut body, &c, &parts[0]);
+        let (q, pair) = quantize(&mut body, &c, &lim, &parts[0]);
         body.store(&q, &codes, &[0, 128 * j]);
         pairs.push(pair);
     }
@@ -825,7 +860,7 @@ fn dequantize_kernel(s: Shape) -> String {
         let mut q = body.unary("arith.sitofp", &q, "f32");
         if let Some(h) = &h {
             // (H·q)·scale: the integer sums are exact.
-            q = body.matmul(&q, h, &[tm, 128]);
+            q = body.matmul(&q, h, &c.zeros);
         }
         let scale = chunk_scales(&mut body, &c, &scales, j);
         let y = body.float("arith.mulf", &q, &scale);
