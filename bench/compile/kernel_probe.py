@@ -135,13 +135,13 @@ def mosaic_psum(tm, form, rotation, interpret=False):
         high = jnp.dot(jnp.where(lo, 0.0, y), h, preferred_element_type=jnp.float32)
         return jnp.where(lo, low, high)
 
-    def lanes(columns):
-        """[tm, 1] columns -> [k, tm]: the scales along the lanes."""
+    def as_rows(columns):
+        """[tm, 1] columns -> f32 [tm, k], column k the k-th."""
         lane = jax.lax.broadcasted_iota(jnp.int32, (columns[0].shape[0], len(columns)), 1)
         acc = jnp.zeros((columns[0].shape[0], len(columns)), jnp.float32)
         for k, c in enumerate(columns):
             acc = jnp.where(lane == k, c.astype(jnp.float32), acc)
-        return acc.T.astype(jnp.bfloat16)
+        return acc
 
     def offset(s_ref):
         """Slab: where this grid step's rows sit in its destination's lanes."""
@@ -161,10 +161,7 @@ def mosaic_psum(tm, form, rotation, interpret=False):
     def store_scales(s_ref, columns):
         if slab:  # the step's scales into its lanes of the [nb, m] slab
             m, nb = s_ref.shape[-1], len(columns)
-            lane = jax.lax.broadcasted_iota(jnp.int32, (tm, nb), 1)
-            rows = jnp.zeros((tm, nb), jnp.float32)
-            for k, c in enumerate(columns):
-                rows = jnp.where(lane == k, c.astype(jnp.float32), rows)
+            rows = as_rows(columns)
             if m > tm:
                 rows = jnp.concatenate([rows, jnp.zeros((m - tm, nb), jnp.float32)], axis=0)
             t = rows.T
@@ -175,7 +172,7 @@ def mosaic_psum(tm, form, rotation, interpret=False):
                 t = jnp.where((lane >= at) & (lane < at + tm), t, s_ref[...].astype(jnp.float32))
             s_ref[...] = t.astype(jnp.bfloat16)
         elif scales_in_lanes:
-            s_ref[...] = lanes(columns)
+            s_ref[...] = as_rows(columns).T.astype(jnp.bfloat16)
         else:
             for k, c in enumerate(columns):
                 s_ref[:, k:k + 1] = c
