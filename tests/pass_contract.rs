@@ -524,6 +524,30 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
     ] {
         assert!(barriers(stage, platform).is_empty(), "{stage:?} {platform}");
     }
+    // Mosaic kernels' results too: without the barrier libtpu fused 32 of
+    // Gemma's results into one fusion recomputing every layer's residual.
+    let (m, counts) = psum_of(&[1024, 1024]);
+    let mut o = options(|p| {
+        p.stage = Some(Stage::PreFusion);
+        p.platform = Some(equarx::Platform::Tpu);
+        p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
+        p.kernels = equarx::plan::Kernels::Mosaic;
+    });
+    o.pass.fuse = equarx::FuseMode::Off;
+    let r = equarx::rewrite(m, counts, &o).unwrap();
+    let plan = r.report[0].plan.as_ref().expect("rewritten");
+    assert_eq!(
+        plan.config.kernels,
+        equarx::plan::Kernels::Mosaic,
+        "{:?}",
+        r.report
+    );
+    let barriers = r.module.computations.iter().flat_map(|c| &c.instructions);
+    assert_eq!(
+        barriers.filter(|i| i.opcode == "opt-barrier").count(),
+        1,
+        "one barrier over the kernels' result"
+    );
 }
 
 #[test]

@@ -135,7 +135,11 @@ impl Platform {
     /// after it. Gemma 3 270M's RMSNorm reduces then split at the block
     /// edges and stay unfused: 1194 kernels of the program's own against
     /// 404 unrewritten, 1088 in all with the barrier against 1734 without
-    /// (BENCHMARKS.md, "The rewrite's results behind a barrier"). XLA:GPU
+    /// (BENCHMARKS.md, "The rewrite's results behind a barrier"). Mosaic
+    /// kernels' results need it as much: without it libtpu fused 32 of
+    /// Gemma's dequantized results into one fusion that recomputes the
+    /// residual stream of every layer (1.30x the original's compile
+    /// against 1.19x with it). XLA:GPU
     /// compiled Gemma slower with it (1.23x against 0.95x the original)
     /// and the MLP with one more kernel per op; past fusion there is
     /// nothing left to fence.

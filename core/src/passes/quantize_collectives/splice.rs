@@ -10,7 +10,7 @@ use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, Computation, Edits, InstrId, Module, shape};
 use crate::passes::{PassError, Platform, Stage};
-use crate::plan::{Kernels, Plan};
+use crate::plan::Plan;
 use crate::proto::{HloInstructionProto, OpMetadata, PrimitiveType, ShapeProto};
 
 /// The scalar computations the emitted reductions call.
@@ -172,8 +172,9 @@ pub fn splice(
             *v = b.copy_to(v, result);
         }
     }
-    // A kernel's result is a boundary of its own: no fence.
-    if site.platform.fences_results(stage) && plan.config.kernels == Kernels::Hlo {
+    // Mosaic kernels' results too: a custom call's result is no boundary
+    // for its consumers, which libtpu otherwise fuses across layers.
+    if site.platform.fences_results(stage) {
         emitted.values = b.opt_barrier(&emitted.values);
     }
     let parts = parts(
