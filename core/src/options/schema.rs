@@ -379,7 +379,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         why: "libtpu makes 9.75 to 14 kernels an op of the HLO form; as one Mosaic kernel a \
               step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB psum in 5.2x the \
               original's time instead of 15.2x, a TP MLP in 1.19x instead of 1.42x, Gemma 3 \
-              270M in 1.34x instead of 1.77x ([BENCHMARKS.md](../BENCHMARKS.md)). Opt-in: no \
+              270M in 1.18x instead of 1.89x ([BENCHMARKS.md](../BENCHMARKS.md)). Opt-in: no \
               TPU runs the kernels here; their text runs on the host against the HLO \
               emission, bit for bit",
         unset: "",
