@@ -28,6 +28,9 @@
 //!   with the plan asked for and s8 on the wire, and no workaround.
 //!   With `kernels=mosaic` on v5e:2x2, two-shot's steps are equarx's own
 //!   Mosaic kernels, and the plan must say so.
+//! - `hook::PLAN@TOPOLOGY`: the same `kernels=mosaic` psums through
+//!   XLA:TPU's pre-scheduler hook, past its layout assignment, where every
+//!   array of the kernels carries libtpu's tiles.
 //! - `kernels::PLAN@P=N`: those kernels' text run on the host by
 //!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
 //!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
@@ -191,12 +194,25 @@ fn main() {
                 Some((t, options))
             })
             .collect();
-        for topology in topologies {
+        // With `kernels=mosaic` too, on the case's first TPU topology: where
+        // an op fits, equarx's own kernels past libtpu's layout assignment;
+        // where not, the HLO emission, and never an abort.
+        let first_tpu = topologies.iter().find(|t| !t.starts_with("h100")).cloned();
+        let runs = topologies
+            .iter()
+            .map(|t| (t.clone(), false))
+            .chain(first_tpu.map(|t| (t, true)));
+        for (topology, mosaic) in runs {
             for (t, options) in &tests {
+                let kernels = if mosaic { "::mosaic" } else { "" };
                 let test = match &t.variant {
-                    Some(v) => format!("{name}::{v}@{topology}"),
-                    None => format!("{name}@{topology}"),
+                    Some(v) => format!("{name}::{v}{kernels}@{topology}"),
+                    None => format!("{name}{kernels}@{topology}"),
                 };
+                let mut options = options.clone();
+                if mosaic {
+                    options.insert("kernels".into(), json!("mosaic"));
+                }
                 let expect = match &t.expect {
                     Expect::Plan(_) => Want::Rewritten,
                     Expect::Unchanged(reason) => Want::Unchanged {
@@ -251,12 +267,15 @@ fn main() {
         ("v5p:2x2x2", 8, "hadamard"),
         ("v6e:2x4", 8, "hadamard"),
     ];
-    for (topology, devices, rotation) in mosaic {
+    for ((topology, devices, rotation), (door, prefix)) in mosaic
+        .into_iter()
+        .flat_map(|m| [(m, ("before", "before_xla")), (m, ("hook", "hook"))])
+    {
         batches.entry(topology.to_string()).or_default().push(Job {
-            name: format!("before_xla::two-shot+{rotation}+int8+mosaic@{topology}"),
+            name: format!("{prefix}::two-shot+{rotation}+int8+mosaic@{topology}"),
             spec: json!({
                 "program": "psum", "devices": devices, "rows": 128 * devices, "cols": 1024,
-                "door": "before",
+                "door": door,
                 "options": {"min_payload_bytes": 0, "algorithm": "two-shot",
                             "rotation": rotation, "quant_format": "int8", "kernels": "mosaic"},
             }),

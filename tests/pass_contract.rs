@@ -551,6 +551,76 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
 }
 
 #[test]
+fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
+    // At XLA:TPU's hook a Mosaic kernel's operands, results and the
+    // collectives between them must carry libtpu's tiles (untiled, libtpu
+    // aborts), and a reshape is a kernel of its own: views are bitcasts.
+    let (m, counts) = psum_of(&[1024, 1024]);
+    let o = options(|p| {
+        p.stage = Some(Stage::Tiled);
+        p.platform = Some(equarx::Platform::Tpu);
+        p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
+        p.rotation = Some(equarx::plan::Rotation::Hadamard);
+        p.kernels = equarx::plan::Kernels::Mosaic;
+    });
+    // An operand as no layout assignment of libtpu leaves it: HLO, and why.
+    let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+    let plan = r.report[0].plan.as_ref().expect("rewritten");
+    assert_eq!(plan.config.kernels, equarx::plan::Kernels::Hlo);
+    let reason = r.report[0].reason.clone().unwrap_or_default();
+    assert!(reason.contains("not the kernel's"), "{reason}");
+    // Tiled as libtpu tiles it: the kernels.
+    let mut tiled = m;
+    for i in tiled
+        .computations
+        .iter_mut()
+        .flat_map(|c| &mut c.instructions)
+    {
+        if let Some(s) = i.shape.as_mut() {
+            shape::tile_for_tpu(s);
+        }
+    }
+    let r = equarx::rewrite(tiled, counts, &o).unwrap();
+    let plan = r.report[0].plan.as_ref().expect("rewritten");
+    assert_eq!(
+        plan.config.kernels,
+        equarx::plan::Kernels::Mosaic,
+        "{:?}",
+        r.report
+    );
+    let all: Vec<&HloInstructionProto> = r
+        .module
+        .computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .collect();
+    let calls: Vec<_> = all.iter().filter(|i| i.opcode == "custom-call").collect();
+    assert_eq!(calls.len(), 3, "quantize, sum, dequantize");
+    fn tiled_arrays(s: &ShapeProto) -> bool {
+        if shape::is_tuple(s) {
+            return s.tuple_shapes.iter().all(tiled_arrays);
+        }
+        s.dimensions.len() < 2 || s.layout.as_ref().is_some_and(|l| !l.tiles.is_empty())
+    }
+    for i in &all {
+        let s = i.shape.as_ref().expect("a shape");
+        assert!(tiled_arrays(s), "{} {}: {s:?}", i.opcode, i.name);
+        assert_ne!(
+            i.opcode, "reshape",
+            "{}: a view past tiling is a bitcast",
+            i.name
+        );
+    }
+    for c in calls {
+        assert!(
+            c.operand_shapes_with_layout.iter().all(tiled_arrays),
+            "{}",
+            c.name
+        );
+    }
+}
+
+#[test]
 fn past_xla_tpu_tiling_a_rotation_is_a_fused_convolution_never_a_bare_dot() {
     // libtpu's lowering refuses a `dot` past its fusion; it takes the
     // `kOutput` fusion of one convolution it makes of a dot itself.

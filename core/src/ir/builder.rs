@@ -41,6 +41,9 @@ pub struct Builder<'m> {
     out: Vec<HloInstructionProto>,
     metadata: Option<OpMetadata>,
     error: Option<String>,
+    /// Every array of rank 2 or more it makes gets XLA:TPU's tiles
+    /// ([`Builder::tile_for_tpu`]).
+    tpu_tiled: bool,
 }
 
 impl<'m> Builder<'m> {
@@ -53,7 +56,18 @@ impl<'m> Builder<'m> {
             out: Vec::with_capacity(128),
             metadata,
             error: None,
+            tpu_tiled: false,
         }
+    }
+
+    /// While on, every array of rank 2 or more this builder makes is laid
+    /// out row-major with XLA:TPU's tiles ([`shape::tile_for_tpu`]), and a
+    /// custom call holds its operands to the layouts they have: past
+    /// libtpu's layout assignment a Mosaic kernel's operands, results and
+    /// the collectives between them must carry them (untiled, libtpu
+    /// aborts on a `CHECK`).
+    pub fn tile_for_tpu(&mut self, on: bool) {
+        self.tpu_tiled = on;
     }
 
     pub fn fresh_channel_id(&mut self) -> i64 {
@@ -167,6 +181,10 @@ impl<'m> Builder<'m> {
                 instr.shape.clone().unwrap_or_default()
             }
         };
+        let mut shape = shape;
+        if self.tpu_tiled {
+            shape::tile_for_tpu(&mut shape);
+        }
         instr.shape = Some(shape.clone());
         let id = InstrId(instr.id);
         self.out.push(instr);
@@ -188,7 +206,12 @@ impl<'m> Builder<'m> {
         }
     }
 
-    pub fn constant(&mut self, literal: LiteralProto) -> Value {
+    pub fn constant(&mut self, mut literal: LiteralProto) -> Value {
+        if self.tpu_tiled
+            && let Some(s) = literal.shape.as_mut()
+        {
+            shape::tile_for_tpu(s);
+        }
         let shape = literal.shape.clone().unwrap_or_default();
         let mut i = Self::op_with_shape(Opcode::Constant, shape);
         i.literal = Some(Box::new(literal));
@@ -297,6 +320,13 @@ impl<'m> Builder<'m> {
     /// `copy` of `x` into `result`'s layout (its dims and type are `x`'s).
     pub fn copy_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
         self.add(Self::op_with_shape(Opcode::Copy, result.clone()), &[x])
+    }
+
+    /// `bitcast` of `x` to `result`: the same bytes seen as another array,
+    /// which only a module past layout assignment holds, and only where
+    /// both layouts place every element at the same byte.
+    pub fn bitcast_to(&mut self, x: &Value, result: &ShapeProto) -> Value {
+        self.add(Self::op_with_shape(Opcode::Bitcast, result.clone()), &[x])
     }
 
     /// `reshape` whose result is exactly `result` (type, dims and layout).
@@ -691,11 +721,14 @@ impl<'m> Builder<'m> {
         i.custom_call_target = target.to_string();
         i.backend_config = backend_config;
         i.constrain_layout = true;
+        let tiled = self.tpu_tiled;
         i.operand_shapes_with_layout = operands
             .iter()
             .map(|v| {
                 let mut s = v.shape.clone();
-                s.layout = None;
+                if !tiled {
+                    s.layout = None;
+                }
                 with_layouts(&mut s);
                 s
             })

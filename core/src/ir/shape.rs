@@ -4,7 +4,7 @@
 //! dimension order), because modules taken after layout assignment must stay
 //! fully laid out.
 
-use crate::proto::{LayoutProto, PrimitiveType, ShapeProto};
+use crate::proto::{LayoutProto, PrimitiveType, ShapeProto, TileProto};
 
 /// Text spelling and bit width of each element type XLA knows.
 const TYPES: &[(PrimitiveType, &str, u32)] = &[
@@ -110,6 +110,39 @@ pub fn row_major(s: &ShapeProto) -> Option<ShapeProto> {
     let mut out = s.clone();
     out.layout = Some(Box::new(default_layout(rank)));
     Some(out)
+}
+
+/// The tiles XLA:TPU's layout assignment gives a row-major array of
+/// `ty` whose second-minor dimension is `rows`, read from compiled modules
+/// and libtpu's refusals: `T(8,128)`, `T(4,128)` or `T(2,128)` where
+/// `rows` is 4 or 2, then `(32/bits, 1)` for 8- and 16-bit types
+/// (`s8[..]{1,0:T(8,128)(4,1)}`, `bf16[4,4,128]{2,1,0:T(4,128)(2,1)}`).
+pub fn tpu_tiles(ty: i32, rows: i64) -> Vec<TileProto> {
+    let sublanes = rows.max(1).unsigned_abs().next_power_of_two().min(8) as i64;
+    let mut tiles = vec![TileProto {
+        dimensions: vec![sublanes, 128],
+    }];
+    if let Some(bits @ (8 | 16)) = type_bits(ty) {
+        tiles.push(TileProto {
+            dimensions: vec![32 / i64::from(bits), 1],
+        });
+    }
+    tiles
+}
+
+/// `s` with every array of rank 2 or more laid out row-major with
+/// [`tpu_tiles`] (what a Mosaic kernel's operands and results must carry
+/// past XLA:TPU's layout assignment); lower ranks keep their layout.
+pub fn tile_for_tpu(s: &mut ShapeProto) {
+    if is_tuple(s) {
+        s.tuple_shapes.iter_mut().for_each(tile_for_tpu);
+    } else if is_array(s) && s.dimensions.len() >= 2 {
+        let rank = s.dimensions.len();
+        let mut layout = default_layout(rank);
+        layout.tiles = tpu_tiles(s.element_type, s.dimensions[rank - 2]);
+        s.layout = Some(Box::new(layout));
+        s.is_dynamic_dimension = vec![false; s.dimensions.len()];
+    }
 }
 
 pub fn is_tuple(s: &ShapeProto) -> bool {

@@ -60,7 +60,7 @@ pub(in crate::passes::quantize_collectives) fn fits(
 ) -> Result<Shape, String> {
     let c = &plan.config;
     let p = plan.group_size as i64;
-    if stage != Stage::PreFusion {
+    if stage == Stage::Fused {
         return Err(format!("the module is past XLA's fusion ({stage})"));
     }
     if plan.collective != Collective::AllReduce
@@ -96,6 +96,16 @@ pub(in crate::passes::quantize_collectives) fn fits(
              multiple of {SLAB_LANES} per rank"
         ));
     }
+    // Past libtpu's layout assignment the kernel reads the operand as it is
+    // laid out: `[R, C]` tiled as the kernel's operand must be, which a
+    // row-major operand tiled so is when its rows are whole tiles.
+    if stage == Stage::Tiled && !reads_as_tiled_rows(operand) {
+        return Err(format!(
+            "past XLA:TPU's layout assignment the operand's layout ({}) is not the kernel's \
+             (row-major, T(8,128)(2,1), rows a multiple of 8)",
+            layout_text(operand)
+        ));
+    }
     Ok(Shape {
         rows,
         cols,
@@ -104,15 +114,103 @@ pub(in crate::passes::quantize_collectives) fn fits(
     })
 }
 
+/// Whether `s` (an array of rank 2 or more) is row-major with XLA:TPU's
+/// tiles and its second-minor dimension a multiple of the tile's 8 rows,
+/// so that seeing it as `[R, C]` moves no element.
+fn reads_as_tiled_rows(s: &ShapeProto) -> bool {
+    let rank = s.dimensions.len();
+    let Some(layout) = s.layout.as_deref() else {
+        return false;
+    };
+    rank >= 2
+        && s.dimensions[rank - 2] % 8 == 0
+        && layout.minor_to_major == shape::default_layout(rank).minor_to_major
+        && layout.tiles == shape::tpu_tiles(s.element_type, 8)
+}
+
+/// Whether two array shapes are one: type, dimensions and layout (the
+/// layouts' order and tiles; none reads as row-major untiled).
+fn same_array(a: &ShapeProto, b: &ShapeProto) -> bool {
+    let layout = |s: &ShapeProto| {
+        s.layout.as_deref().map_or_else(
+            || {
+                (
+                    shape::default_layout(s.dimensions.len()).minor_to_major,
+                    Vec::new(),
+                )
+            },
+            |l| (l.minor_to_major.clone(), l.tiles.clone()),
+        )
+    };
+    a.element_type == b.element_type && a.dimensions == b.dimensions && layout(a) == layout(b)
+}
+
+/// A layout as HLO text spells its order and tiles (`{1,0:T(8,128)(2,1)}`).
+fn layout_text(s: &ShapeProto) -> String {
+    let Some(layout) = s.layout.as_deref() else {
+        return "none".into();
+    };
+    let join = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let tiles: String = layout
+        .tiles
+        .iter()
+        .map(|t| format!("({})", join(&t.dimensions)))
+        .collect();
+    let tiles = if tiles.is_empty() {
+        tiles
+    } else {
+        format!(":T{tiles}")
+    };
+    format!("{{{}{tiles}}}", join(&layout.minor_to_major))
+}
+
 impl Emitter<'_, '_, '_> {
     /// The plan's two-shot all-reduce of the one operand through the three
     /// kernels ([`fits`] said yes): quantize, all-to-all of codes and
-    /// scales, sum, all-gather of both, dequantize.
+    /// scales, sum, all-gather of both, dequantize. Past libtpu's layout
+    /// assignment every array of it carries libtpu's tiles.
     pub(super) fn mosaic_two_shot(&mut self, s: Shape) -> Value {
+        let tiled = self.inputs.stage == Stage::Tiled;
+        self.b.tile_for_tpu(tiled);
+        let y = self.mosaic_steps(s);
+        self.b.tile_for_tpu(false);
+        let result = &self.inputs.results[0];
+        if same_array(&y.shape, result) {
+            y
+        } else if tiled && reads_as_tiled_rows(result) {
+            self.b.bitcast_to(&y, result)
+        } else {
+            self.b.reshape_to(&y, result)
+        }
+    }
+
+    /// `x` (rows whole tiles of 8) as the array `dims` of the same rows
+    /// and last dimension: past libtpu's layout assignment a bitcast of
+    /// the same bytes (a reshape there is a kernel of its own), a reshape
+    /// before it.
+    fn view(&mut self, x: &Value, dims: &[i64]) -> Value {
+        if self.inputs.stage == Stage::Tiled {
+            let ty = PrimitiveType::try_from(x.shape.element_type).unwrap_or(PrimitiveType::F32);
+            self.b.bitcast_to(x, &shape::array(ty, dims))
+        } else {
+            self.b.reshape(x, dims)
+        }
+    }
+
+    /// The kernels and collectives of [`Self::mosaic_two_shot`]: the
+    /// result as `[R, C]`.
+    fn mosaic_steps(&mut self, s: Shape) -> Value {
         let k = kernels(s);
         let (rows, cols, p) = (s.rows, s.cols, s.parts);
         let (nb, m) = (s.blocks(), s.rows / s.parts);
-        let x = self.b.reshape(&self.inputs.operands[0], &[rows, cols]);
+        let operand = &self.inputs.operands[0];
+        // Already `[R, C]` (and, past libtpu's layout assignment, tiled as
+        // the kernel reads it: `fits`), the operand needs no reshape.
+        let x = if operand.dims() == [rows, cols] {
+            operand.clone()
+        } else {
+            self.view(operand, &[rows, cols])
+        };
         let h = s
             .rotation
             .then(|| self.b.f32_array(&rotation_matrix(), &[128, 128]));
@@ -136,7 +234,7 @@ impl Emitter<'_, '_, '_> {
         for i in 0..2 {
             let v = self.b.get_tuple_element(&q, i);
             let v = if i == 0 {
-                self.b.reshape(&v, &[p, m, cols])
+                self.view(&v, &[p, m, cols])
             } else {
                 v
             };
@@ -153,8 +251,7 @@ impl Emitter<'_, '_, '_> {
         let mut ins = vec![&all[0], &all[1]];
         ins.extend(h.as_ref());
         let out = shape::array(PrimitiveType::Bf16, &[rows, cols]);
-        let y = self.kernel(&k.dequantize, &ins, out);
-        self.b.reshape_to(&y, &self.inputs.results[0])
+        self.kernel(&k.dequantize, &ins, out)
     }
 
     /// A `tpu_custom_call` of the kernel `body`, as JAX lowers a Pallas
