@@ -715,7 +715,7 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
     )
     .unwrap();
     let (out, json) = (dir.join("out.hlo"), dir.join("report.json"));
-    let rewrite = |extra: &[&str]| {
+    let rewrite = |kernels: &str, extra: &[&str]| {
         let mut args = vec![
             "rewrite",
             input.to_str().unwrap(),
@@ -724,9 +724,7 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
             "--stage",
             "pre-fusion",
             "--kernels",
-            "mosaic",
-            "--min-payload",
-            "0",
+            kernels,
             "--report",
             "--report-json",
             json.to_str().unwrap(),
@@ -738,7 +736,17 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
         (table, report[0].clone(), text)
     };
     // Two-shot for XLA:TPU: the three kernels, the plan says so.
-    let (table, op, text) = rewrite(&["--platform", "tpu", "--algorithm", "two-shot"]);
+    let (table, op, text) = rewrite(
+        "mosaic",
+        &[
+            "--platform",
+            "tpu",
+            "--algorithm",
+            "two-shot",
+            "--min-payload",
+            "0",
+        ],
+    );
     assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
     assert!(table.contains("two-shot+hadamard/mosaic"), "{table}");
     assert_eq!(
@@ -751,18 +759,60 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
         text.contains("stable_mosaic") || text.contains("custom_call_config"),
         "{text}"
     );
+    // The time model charges the kernels that will be emitted: 3 an op
+    // make a rewrite of 2.5 MiB pay on v5e that the HLO form's 12 do not
+    // (no --min-payload: the model decides).
+    std::fs::write(
+        &input,
+        std::fs::read_to_string(&input)
+            .unwrap()
+            .replace("bf16[2,256,1024]", "bf16[2048,640]"),
+    )
+    .unwrap();
+    let (_, op, _) = rewrite("hlo", &["--platform", "tpu"]);
+    assert_eq!(op["rewritten"], false, "{op}");
+    assert!(
+        op["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no gain"),
+        "{op}"
+    );
+    let (_, op, _) = rewrite("mosaic", &["--platform", "tpu"]);
+    assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
+    std::fs::write(
+        &input,
+        std::fs::read_to_string(&input)
+            .unwrap()
+            .replace("bf16[2048,640]", "bf16[2,256,1024]"),
+    )
+    .unwrap();
     // A ring, or another compiler: HLO, and the report says why.
     for (extra, why) in [
         (
-            ["--platform", "tpu", "--algorithm", "ring"],
+            [
+                "--platform",
+                "tpu",
+                "--algorithm",
+                "ring",
+                "--min-payload",
+                "0",
+            ],
             "only a two-shot all-reduce",
         ),
         (
-            ["--platform", "gpu", "--algorithm", "two-shot"],
+            [
+                "--platform",
+                "gpu",
+                "--algorithm",
+                "two-shot",
+                "--min-payload",
+                "0",
+            ],
             "XLA:TPU's, not gpu's",
         ),
     ] {
-        let (_, op, text) = rewrite(&extra);
+        let (_, op, text) = rewrite("mosaic", &extra);
         assert!(op["plan"]["config"].get("kernels").is_none(), "{op}");
         let reason = op["reason"].as_str().unwrap_or_default();
         assert!(

@@ -120,6 +120,13 @@ pub const TPU_HOOK_KERNELS: Kernels = Kernels {
     source: "XLA:TPU (libtpu 0.0.42.1) compiled at its hook",
 };
 
+/// Kernels a phase when equarx writes two-shot's steps as Mosaic kernels
+/// (`kernels=mosaic`): quantize, sum and dequantize over the exchange and
+/// the gather, 3 an op, counted in what libtpu 0.0.42.1 compiled through
+/// either door (BENCHMARKS.md, "equarx's own Mosaic kernels"). The pass
+/// charges it to the plans the kernels take.
+pub const MOSAIC_PHASE_KERNELS: f64 = 1.5;
+
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
 /// ring's loop body is 6 kernels and its condition 1, for 2 lanes (a
 /// quantize per lane, one add-and-absmax for both, the counter and the

@@ -50,7 +50,7 @@ use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage};
-use crate::cost::TPU_HOOK_KERNELS;
+use crate::cost::{MOSAIC_PHASE_KERNELS, TPU_HOOK_KERNELS};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
@@ -67,6 +67,10 @@ pub const OLD_NAME: &str = "quantized-all-reduce";
 /// to every collective it looked at.
 pub struct QuantizeCollectives {
     options: Options,
+    /// The options whose time model charges Mosaic kernels, where equarx
+    /// writes them (`kernels=mosaic` on XLA:TPU): see
+    /// [`QuantizeCollectives::choose_emitted`].
+    mosaic: Option<Options>,
     counts: DeviceCounts,
     stage: Stage,
     platform: Platform,
@@ -84,8 +88,14 @@ impl QuantizeCollectives {
         if stage == Stage::Tiled {
             options.topology.kernels = TPU_HOOK_KERNELS;
         }
+        let mosaic = (options.kernels == Kernels::Mosaic && platform == Platform::Tpu).then(|| {
+            let mut o = options.clone();
+            o.topology.kernels.phase = MOSAIC_PHASE_KERNELS;
+            o
+        });
         QuantizeCollectives {
             options,
+            mosaic,
             counts,
             stage,
             platform,
@@ -96,6 +106,28 @@ impl QuantizeCollectives {
     /// The XLA backend the pass emits for.
     pub fn platform(&self) -> Platform {
         self.platform
+    }
+
+    /// [`choose`], the time model charging the kernels that will be
+    /// emitted: with `kernels=mosaic` on XLA:TPU the plan chosen at the
+    /// Mosaic kernels' count, when they take it; otherwise the choice at
+    /// the HLO emission's count. When neither pays, the reason quotes the
+    /// kernels' prediction, the better of the two.
+    fn choose_emitted(&self, c: &eligibility::Candidate, data: Data) -> Result<Choice, SkipReason> {
+        let Some(options) = &self.mosaic else {
+            return choose(c, data, &self.options);
+        };
+        let with_kernels = choose(c, data, options);
+        if let Ok(choice) = &with_kernels {
+            let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
+            if emit::mosaic::fits(&choice.plan, &shapes, self.stage).is_ok() {
+                return with_kernels;
+            }
+        }
+        match (choose(c, data, &self.options), with_kernels) {
+            (Err(_), Err(why @ SkipReason::NotFaster { .. })) => Err(why),
+            (hlo, _) => hlo,
+        }
     }
 
     pub fn report(&self) -> &[OpReport] {
@@ -193,7 +225,7 @@ impl QuantizeCollectives {
             })
         } else {
             eligibility::examine(module, comp, instr, &self.options, &self.counts)
-                .and_then(|c| choose(&c, data, &self.options).map(|choice| (c, choice)))
+                .and_then(|c| self.choose_emitted(&c, data).map(|choice| (c, choice)))
         };
         match decision {
             Err(reason) => {
