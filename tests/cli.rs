@@ -762,13 +762,11 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
     // The time model charges the kernels that will be emitted: 3 an op
     // make a rewrite of 2.5 MiB pay on v5e that the HLO form's 12 do not
     // (no --min-payload: the model decides).
-    std::fs::write(
-        &input,
-        std::fs::read_to_string(&input)
-            .unwrap()
-            .replace("bf16[2,256,1024]", "bf16[2048,640]"),
-    )
-    .unwrap();
+    let resize = |from: &str, to: &str| {
+        let text = std::fs::read_to_string(&input).unwrap();
+        std::fs::write(&input, text.replace(from, to)).unwrap();
+    };
+    resize("bf16[2,256,1024]", "bf16[2048,640]");
     let (_, op, _) = rewrite("hlo", &["--platform", "tpu"]);
     assert_eq!(op["rewritten"], false, "{op}");
     assert!(
@@ -780,13 +778,7 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
     );
     let (_, op, _) = rewrite("mosaic", &["--platform", "tpu"]);
     assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
-    std::fs::write(
-        &input,
-        std::fs::read_to_string(&input)
-            .unwrap()
-            .replace("bf16[2048,640]", "bf16[2,256,1024]"),
-    )
-    .unwrap();
+    resize("bf16[2048,640]", "bf16[2,256,1024]");
     // A ring, or another compiler: HLO, and the report says why.
     for (extra, why) in [
         (

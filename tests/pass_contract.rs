@@ -491,6 +491,17 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
     );
 }
 
+/// The one op of `r` was rewritten with equarx's Mosaic kernels.
+fn assert_mosaic(r: &equarx::Rewritten) {
+    let plan = r.report[0].plan.as_ref().expect("rewritten");
+    assert_eq!(
+        plan.config.kernels,
+        equarx::plan::Kernels::Mosaic,
+        "{:?}",
+        r.report
+    );
+}
+
 /// Instructions a rewrite adds, new computations included.
 #[test]
 fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
@@ -535,13 +546,7 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
     });
     o.pass.fuse = equarx::FuseMode::Off;
     let r = equarx::rewrite(m, counts, &o).unwrap();
-    let plan = r.report[0].plan.as_ref().expect("rewritten");
-    assert_eq!(
-        plan.config.kernels,
-        equarx::plan::Kernels::Mosaic,
-        "{:?}",
-        r.report
-    );
+    assert_mosaic(&r);
     let barriers = r.module.computations.iter().flat_map(|c| &c.instructions);
     assert_eq!(
         barriers.filter(|i| i.opcode == "opt-barrier").count(),
@@ -581,13 +586,7 @@ fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
         }
     }
     let r = equarx::rewrite(tiled, counts, &o).unwrap();
-    let plan = r.report[0].plan.as_ref().expect("rewritten");
-    assert_eq!(
-        plan.config.kernels,
-        equarx::plan::Kernels::Mosaic,
-        "{:?}",
-        r.report
-    );
+    assert_mosaic(&r);
     let all: Vec<&HloInstructionProto> = r
         .module
         .computations

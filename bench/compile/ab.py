@@ -62,25 +62,24 @@ def compile_all(args, texts):
     from jax._src.lib.mlir import ir
     topo = compilers.tool.topology(compilers.platform(args.topology), args.topology)
     devices = sorted(topo.devices, key=lambda d: d.id)
-    names = list(texts)
-    times = {name: [] for name in names}
     kernels = {}
-    for r in range(args.rounds + 1):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            f, fargs = compilers.program(args.program, devices)
-            lowered = f.lower(*fargs)
-            with jax_mlir.make_ir_context():
-                module = ir.Module.parse(texts[name])
-            lowering = copy.copy(lowered._lowering)
-            lowering._hlo, lowering._executable = module, None
-            lowered = copy.copy(lowered)
-            lowered._lowering = lowering
-            t0 = time.perf_counter()
-            compiled = lowered.compile()
-            wall = time.perf_counter() - t0
-            if r > 0:  # round 0 warms the compiler up
-                times[name].append(wall)
-            kernels[name] = compilers.tool.kernels_of(compiled.as_text())
+
+    def compile_one(name):
+        f, fargs = compilers.program(args.program, devices)
+        lowered = f.lower(*fargs)
+        with jax_mlir.make_ir_context():
+            module = ir.Module.parse(texts[name])
+        lowering = copy.copy(lowered._lowering)
+        lowering._hlo, lowering._executable = module, None
+        lowered = copy.copy(lowered)
+        lowered._lowering = lowering
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        wall = time.perf_counter() - t0
+        kernels[name] = compilers.tool.kernels_of(compiled.as_text())
+        return wall
+
+    times = compilers.alternate(list(texts), args.rounds, compile_one)
     return kernels, times
 
 

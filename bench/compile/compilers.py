@@ -126,6 +126,20 @@ def program(name, devices):
     return jax.jit(f), args
 
 
+def alternate(names, rounds, compile_one):
+    """Compiles every name in turn, `rounds` times after a warm-up round,
+    the order rotated each round (`compile_one(name)` compiles one and
+    returns its wall seconds): per name, the seconds of the measured
+    rounds."""
+    times = {name: [] for name in names}
+    for r in range(rounds + 1):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            wall = compile_one(name)
+            if r > 0:  # round 0 warms the compiler up
+                times[name].append(wall)
+    return times
+
+
 def one(args):
     """One row, in this process."""
     import ctypes

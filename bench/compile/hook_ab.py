@@ -62,23 +62,23 @@ def main(argv=None):
     topo = compilers.tool.topology(plat, args.topology)
     devices = sorted(topo.devices, key=lambda d: d.id)
     names = list(sides)
-    times = {name: [] for name in names}
     kernels, rewritten = {}, {}
-    for r in range(args.rounds + 1):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            equarx.configure(sides[name])
-            f, fargs = compilers.program(args.program, devices)
-            lowered = f.lower(*fargs)
-            t0 = time.perf_counter()
-            compiled = lowered.compile()
-            wall = time.perf_counter() - t0
-            if r > 0:  # round 0 warms the compiler up
-                times[name].append(wall)
-            kernels[name] = compilers.tool.kernels_of(compiled.as_text())
-            report = equarx.last_report() if name != "original" else None
-            done = [op for op in (report or []) if op.get("plan")]
-            by = sorted({(op["plan"].get("config") or {}).get("kernels", "hlo") for op in done})
-            rewritten[name] = "%d ops rewritten (%s)" % (len(done), ",".join(by) or "-")
+
+    def compile_one(name):
+        equarx.configure(sides[name])
+        f, fargs = compilers.program(args.program, devices)
+        lowered = f.lower(*fargs)
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        wall = time.perf_counter() - t0
+        kernels[name] = compilers.tool.kernels_of(compiled.as_text())
+        report = equarx.last_report() if name != "original" else None
+        done = [op for op in (report or []) if op.get("plan")]
+        by = sorted({(op["plan"].get("config") or {}).get("kernels", "hlo") for op in done})
+        rewritten[name] = "%d ops rewritten (%s)" % (len(done), ",".join(by) or "-")
+        return wall
+
+    times = compilers.alternate(names, args.rounds, compile_one)
     first = statistics.median(times["original"])
     print("%s on %s at the hook, %d alternated rounds in one process, options %s" % (
         args.program, args.topology, args.rounds, json.dumps(base)))
