@@ -573,7 +573,7 @@ fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
     let plan = r.report[0].plan.as_ref().expect("rewritten");
     assert_eq!(plan.config.kernels, equarx::plan::Kernels::Hlo);
     let reason = r.report[0].reason.clone().unwrap_or_default();
-    assert!(reason.contains("not the kernel's"), "{reason}");
+    assert!(reason.contains("not laid out as the kernel's"), "{reason}");
     // Tiled as libtpu tiles it: the kernels.
     let mut tiled = m;
     for i in tiled

@@ -18,6 +18,7 @@ mod parse;
 mod print;
 
 pub use parse::MAX_DEPTH;
+pub(crate) use print::print_shape;
 pub use print::{PrintError, PrintOptions, print_module, print_module_with};
 
 use crate::ir::DeviceCounts;

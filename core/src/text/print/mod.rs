@@ -27,7 +27,8 @@ use crate::proto::{
     HloComputationProto, HloInstructionProto, HloModuleProto, ShapeProto, StackFrameIndexProto,
 };
 use attributes::frontend_attributes;
-use shapes::{print_shape, shape_without_layout};
+pub(crate) use shapes::print_shape;
+use shapes::shape_without_layout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrintError {

@@ -8,7 +8,7 @@ use crate::ir::shape::{self, type_name};
 use crate::proto::{LayoutProto, ShapeProto};
 
 /// `bf16[8,16]{1,0}`: type, dimensions (`<=N` if dynamic), layout.
-pub(super) fn print_shape(s: &ShapeProto) -> String {
+pub(crate) fn print_shape(s: &ShapeProto) -> String {
     if shape::is_tuple(s) {
         let parts: Vec<String> = s.tuple_shapes.iter().map(print_shape).collect();
         return format!("({})", parts.join(", "));

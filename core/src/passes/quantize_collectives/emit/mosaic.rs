@@ -101,9 +101,9 @@ pub(in crate::passes::quantize_collectives) fn fits(
     // row-major operand tiled so is when its rows are whole tiles.
     if stage == Stage::Tiled && !reads_as_tiled_rows(operand) {
         return Err(format!(
-            "past XLA:TPU's layout assignment the operand's layout ({}) is not the kernel's \
+            "past XLA:TPU's layout assignment the operand {} is not laid out as the kernel's \
              (row-major, T(8,128)(2,1), rows a multiple of 8)",
-            layout_text(operand)
+            crate::text::print_shape(operand)
         ));
     }
     Ok(Shape {
@@ -143,25 +143,6 @@ fn same_array(a: &ShapeProto, b: &ShapeProto) -> bool {
         )
     };
     a.element_type == b.element_type && a.dimensions == b.dimensions && layout(a) == layout(b)
-}
-
-/// A layout as HLO text spells its order and tiles (`{1,0:T(8,128)(2,1)}`).
-fn layout_text(s: &ShapeProto) -> String {
-    let Some(layout) = s.layout.as_deref() else {
-        return "none".into();
-    };
-    let join = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-    let tiles: String = layout
-        .tiles
-        .iter()
-        .map(|t| format!("({})", join(&t.dimensions)))
-        .collect();
-    let tiles = if tiles.is_empty() {
-        tiles
-    } else {
-        format!(":T{tiles}")
-    };
-    format!("{{{}{tiles}}}", join(&layout.minor_to_major))
 }
 
 impl Emitter<'_, '_, '_> {
