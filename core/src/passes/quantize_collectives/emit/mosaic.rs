@@ -142,7 +142,7 @@ fn same_array(a: &ShapeProto, b: &ShapeProto) -> bool {
             |l| (l.minor_to_major.clone(), l.tiles.clone()),
         )
     };
-    a.element_type == b.element_type && a.dimensions == b.dimensions && layout(a) == layout(b)
+    shape::compatible(a, b) && layout(a) == layout(b)
 }
 
 impl Emitter<'_, '_, '_> {
@@ -171,8 +171,7 @@ impl Emitter<'_, '_, '_> {
     /// before it.
     fn view(&mut self, x: &Value, dims: &[i64]) -> Value {
         if self.inputs.stage == Stage::Tiled {
-            let ty = PrimitiveType::try_from(x.shape.element_type).unwrap_or(PrimitiveType::F32);
-            self.b.bitcast_to(x, &shape::array(ty, dims))
+            self.b.bitcast_to(x, &shape::with_dims(&x.shape, dims))
         } else {
             self.b.reshape(x, dims)
         }
