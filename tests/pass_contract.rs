@@ -11,7 +11,9 @@ use std::collections::{HashMap, HashSet};
 use common::fixture_protos;
 use equarx::io::DeviceCounts;
 use equarx::ir::shape;
-use equarx::proto::{HloInstructionProto, HloModuleProto, PrimitiveType, ShapeProto};
+use equarx::proto::{
+    HloComputationProto, HloInstructionProto, HloModuleProto, PrimitiveType, ShapeProto,
+};
 use equarx::{Options, RewriteOptions, Stage};
 use prost::Message;
 
@@ -617,6 +619,128 @@ fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
             c.name
         );
     }
+}
+
+#[test]
+fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
+    // At XLA:TPU's hook every emitted op would be a kernel of its own, so
+    // equarx outlines its elementwise chains into loop fusions; libtpu's
+    // fusion emitter aborts on an untiled array, a reshape or a broadcast
+    // along new dimensions inside one, or one beside a layout-changing
+    // copy (which libtpu folds in).
+    fn tiled(s: &ShapeProto) -> bool {
+        s.dimensions.is_empty() || s.layout.as_ref().is_some_and(|l| !l.tiles.is_empty())
+    }
+    let fusions_of = |m: &HloModuleProto| -> Vec<(String, Vec<HloInstructionProto>)> {
+        let comps: HashMap<i64, &HloComputationProto> =
+            m.computations.iter().map(|c| (c.id, c)).collect();
+        m.computations
+            .iter()
+            .flat_map(|c| &c.instructions)
+            .filter(|i| i.opcode == "fusion" && i.fusion_kind == "kLoop")
+            .map(|f| {
+                let body = comps[&f.called_computation_ids[0]];
+                (f.name.clone(), body.instructions.clone())
+            })
+            .collect()
+    };
+    let (m, counts) = psum_of(&[1024, 1024]);
+    let o = options(|p| {
+        p.stage = Some(Stage::Tiled);
+        p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
+        p.rotation = Some(equarx::plan::Rotation::Hadamard);
+    });
+    let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+    let fusions = fusions_of(&r.module);
+    assert!(fusions.len() >= 4, "{} loop fusions", fusions.len());
+    for (name, body) in &fusions {
+        for i in body {
+            let s = i.shape.as_ref().expect("a shape");
+            assert!(tiled(s), "{name}: {} {s:?} untiled", i.name);
+            assert!(
+                !["reshape", "bitcast", "slice", "concatenate", "copy", "pad"]
+                    .contains(&i.opcode.as_str()),
+                "{name} holds a {}",
+                i.opcode
+            );
+            if i.opcode == "broadcast" {
+                assert!(
+                    i.dimensions.is_empty(),
+                    "{name}: {} broadcasts an array",
+                    i.name
+                );
+            }
+            if i.opcode == "constant" {
+                assert!(
+                    s.dimensions.is_empty(),
+                    "{name}: a constant array {}",
+                    i.name
+                );
+            }
+        }
+    }
+    let all: Vec<&HloInstructionProto> = r
+        .module
+        .computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .collect();
+    let by_id: HashMap<i64, &HloInstructionProto> = all.iter().map(|i| (i.id, *i)).collect();
+    for i in all.iter().filter(|i| i.opcode == "copy") {
+        let read = by_id[&i.operand_ids[0]];
+        assert_ne!(
+            read.opcode, "fusion",
+            "{} copies fusion {}",
+            i.name, read.name
+        );
+    }
+    for i in all
+        .iter()
+        .filter(|i| i.opcode == "fusion" && i.fusion_kind == "kLoop")
+    {
+        for o in &i.operand_ids {
+            assert_ne!(by_id[o].opcode, "copy", "fusion {} reads a copy", i.name);
+        }
+    }
+    // Packed arrays of fewer rows than a tile in a higher rank (the
+    // two-level plan's `bf16[2,4,2,64]`): libtpu's tiles for them are not
+    // known, so the op is emitted untiled, and only scalars are fused.
+    let (small, counts) = psum_of(&[8, 128]);
+    let o = options(|p| {
+        p.stage = Some(Stage::Tiled);
+        p.algorithm = Some(equarx::plan::Algorithm::TwoLevel);
+        p.rotation = Some(equarx::plan::Rotation::None);
+        p.bidirectional = false;
+    });
+    let r = equarx::rewrite(small, counts, &o).unwrap();
+    assert!(r.report[0].plan.is_some(), "rewritten");
+    for (name, body) in fusions_of(&r.module) {
+        assert!(
+            body.iter()
+                .all(|i| i.shape.as_ref().is_some_and(|s| s.dimensions.is_empty())),
+            "{name}: an untiled emission fuses scalars only"
+        );
+    }
+    let emitted_tiles = r
+        .module
+        .computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .filter(|i| {
+            i.metadata
+                .as_ref()
+                .is_some_and(|m| m.op_name.starts_with("equarx["))
+        })
+        .filter(|i| i.opcode != "custom-call" && i.opcode != "fusion")
+        .any(|i| {
+            i.shape
+                .as_ref()
+                .is_some_and(|s| s.dimensions.len() >= 2 && tiled(s))
+        });
+    assert!(
+        !emitted_tiles,
+        "the fallback emission carries no tiles of equarx's"
+    );
 }
 
 #[test]

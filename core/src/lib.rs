@@ -145,28 +145,33 @@ pub fn rewrite_with(
         )?,
         // Past a backend's tiling assignment the module holds that backend's
         // own forms (XLA:TPU's reshapes that change the element type, its
-        // layouts), which equarx's verifier does not know, and the backend
-        // takes no fusion equarx would outline: only the quantize pass runs
-        // there, emitting what that stage takes (see `Stage::Tiled`); the
+        // layouts), which equarx's verifier does not know: the quantize pass
+        // and the fusions libtpu's emitter takes there run unverified,
+        // emitting what that stage takes (see `Stage::Tiled`); the
         // compilers' own verifiers and the suite's real compiles
         // (tests/compilers.rs) judge it.
         Stage::Tiled => {
-            let name = quantize.name();
-            let disabled = options
-                .disabled_passes
-                .iter()
-                .any(|d| d == name || quantize.aliases().contains(&d.as_str()));
-            let changed = !disabled
-                && quantize
-                    .run(&mut m)
-                    .map_err(|error| PipelineError::Pass { pass: name, error })?;
-            vec![PassRun {
-                pass: name,
-                ran: !disabled,
-                changed,
-            }]
+            let mut runs = Vec::with_capacity(2);
+            for pass in [&mut quantize as &mut dyn Pass, &mut fusions] {
+                let name = pass.name();
+                let disabled = options
+                    .disabled_passes
+                    .iter()
+                    .any(|d| d == name || pass.aliases().contains(&d.as_str()));
+                let changed = !disabled
+                    && pass
+                        .run(&mut m)
+                        .map_err(|error| PipelineError::Pass { pass: name, error })?;
+                runs.push(PassRun {
+                    pass: name,
+                    ran: !disabled,
+                    changed,
+                });
+            }
+            runs
         }
     };
+
     let changed = passes.iter().any(|p| p.changed);
     Ok(Rewritten {
         module: m.into_proto(),

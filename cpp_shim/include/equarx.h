@@ -48,18 +48,20 @@
  *   fuse  auto|off (default: auto):
  *       Outline the emitted quantize / dequantize chains into loop fusions:
  *       auto does when the module is past XLA's fusion (--stage fused, or
- *       detected: a dump after optimizations, XLA:CPU's pre-scheduler hook),
- *       never before; off never does.
+ *       detected: a dump after optimizations, XLA:CPU's pre-scheduler hook;
+ *       --stage tiled, XLA:TPU's, with only what libtpu's fusion emitter
+ *       takes), never before; off never does.
  *   stage  auto|pre-fusion|fused|tiled (default: auto):
  *       Where in XLA's pipeline the module is: pre-fusion (after SPMD
  *       partitioning, before fusion: a lowered module, XLA:GPU's
  *       pre-scheduler hook), fused (after XLA's fusion: XLA:CPU's hook) or
  *       tiled (after a backend's tiling assignment: XLA:TPU's hook, where
- *       equarx outlines no loop fusion and emits the rotation's product as
- *       libtpu's fused convolution); auto: tiled when a layout has tiles or a
- *       memory space, else fused when the module holds a fusion. It sets the
- *       forms the rewrite emits (the all-to-all's, the loop's copies, and
- *       whether --fuse auto outlines loop fusions); the report names it.
+ *       equarx tiles what it emits, outlines only the fusions libtpu's
+ *       emitter takes and emits the rotation's product as libtpu's fused
+ *       convolution); auto: tiled when a layout has tiles or a memory space,
+ *       else fused when the module holds a fusion. It sets the forms the
+ *       rewrite emits (the all-to-all's, the loop's copies, and whether
+ *       --fuse auto outlines loop fusions); the report names it.
  *   platform  auto|cpu|gpu|tpu (default: auto):
  *       The XLA backend that compiles the rewrite: cpu, gpu or tpu. The pass
  *       emits the same arithmetic in the form that compiler takes best (a

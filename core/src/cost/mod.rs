@@ -108,15 +108,17 @@ const TPU_KERNELS: Kernels = Kernels {
 };
 
 /// XLA:TPU at its pre-scheduler hook (libtpu 0.0.42.1, v5e:2x2), where
-/// the module is tiled and fused and every op equarx emits but the
-/// rotation's fused product is a kernel of its own: the ring's loop body
-/// and condition are 66 kernels for 2 lanes; 55 outside the loop, the
-/// gather included; two-shot is 93 in all (commit 3051232). The pass
-/// charges these at that stage (`QuantizeCollectives::new`).
+/// the module is tiled and fused: equarx's own loop fusions (elementwise
+/// chains and their reduces) and the rotation's fused product are a
+/// kernel each, every other op it emits is a kernel of its own. The
+/// ring's loop body and condition are 46 kernels for 2 lanes; 45 outside
+/// the loop, the gather included; two-shot is 64 in all (66, 55 and 93
+/// before equarx outlined fusions there). The pass charges these at that
+/// stage (`QuantizeCollectives::new`).
 pub const TPU_HOOK_KERNELS: Kernels = Kernels {
-    ring_hop: 33.0,
-    ring_phase: 8.5,
-    phase: 46.5,
+    ring_hop: 23.0,
+    ring_phase: 13.0,
+    phase: 32.0,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled at its hook",
 };
 

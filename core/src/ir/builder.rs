@@ -64,10 +64,12 @@ impl<'m> Builder<'m> {
     /// out row-major with XLA:TPU's tiles ([`shape::tile_for_tpu`]), and a
     /// custom call holds its operands to the layouts they have: past
     /// libtpu's layout assignment a Mosaic kernel's operands, results and
-    /// the collectives between them must carry them (untiled, libtpu
-    /// aborts on a `CHECK`).
-    pub fn tile_for_tpu(&mut self, on: bool) {
-        self.tpu_tiled = on;
+    /// the collectives between them must carry them, and so must what a
+    /// loop fusion there holds (untiled, libtpu aborts on a `CHECK`).
+    /// Returns whether it was on, so a caller can put it back. The
+    /// computations it builds ([`Builder::computation`]) are tiled alike.
+    pub fn tile_for_tpu(&mut self, on: bool) -> bool {
+        std::mem::replace(&mut self.tpu_tiled, on)
     }
 
     pub fn fresh_channel_id(&mut self) -> i64 {
@@ -90,6 +92,7 @@ impl<'m> Builder<'m> {
             params,
             Some(self.comp),
             self.metadata.clone(),
+            self.tpu_tiled,
             f,
         );
         if let Some(e) = error {
@@ -104,6 +107,16 @@ impl<'m> Builder<'m> {
     /// emitting something wrong.
     pub fn fail(&mut self, message: impl Into<String>) {
         self.error.get_or_insert_with(|| message.into());
+    }
+
+    /// The instructions emitted so far, operands before users.
+    pub fn instructions(&self) -> &[HloInstructionProto] {
+        &self.out
+    }
+
+    /// The module it emits into (the computations it has added included).
+    pub fn module(&self) -> &Module {
+        self.module
     }
 
     /// How many instructions have been emitted so far.
@@ -768,6 +781,7 @@ pub fn build_computation(
     params: &[ShapeProto],
     before: Option<CompId>,
     metadata: Option<OpMetadata>,
+    tpu_tiled: bool,
     f: impl FnOnce(&mut Builder<'_>, Vec<Value>) -> Value,
 ) -> (CompId, Option<String>) {
     let header = HloComputationProto {
@@ -781,6 +795,7 @@ pub fn build_computation(
     };
     let comp = module.add_computation(header, false, before);
     let mut inner = Builder::new(module, comp, metadata);
+    inner.tpu_tiled = tpu_tiled;
     let args: Vec<Value> = params
         .iter()
         .enumerate()

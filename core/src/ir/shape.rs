@@ -114,25 +114,32 @@ pub fn row_major(s: &ShapeProto) -> Option<ShapeProto> {
 
 /// The tiles XLA:TPU's layout assignment gives a row-major array of
 /// `ty` whose second-minor dimension is `rows`, read from compiled modules
-/// and libtpu's refusals: `T(8,128)`, `T(4,128)` or `T(2,128)` where
-/// `rows` is 4 or 2, then `(32/bits, 1)` for 8- and 16-bit types
-/// (`s8[..]{1,0:T(8,128)(4,1)}`, `bf16[4,4,128]{2,1,0:T(4,128)(2,1)}`).
+/// and libtpu's refusals: `T(8,128)`, `T(4,128)`, `T(2,128)` or `T(1,128)`
+/// where `rows` is 4, 2 or 1, but never fewer rows than a 32-bit word
+/// packs (2 for 16-bit types, 4 for 8-bit ones), then `(32/bits, 1)` for
+/// those (`s8[..]{1,0:T(8,128)(4,1)}`, `bf16[4,4,128]{2,1,0:T(4,128)(2,1)}`,
+/// `bf16[1,1024]{1,0:T(2,128)(2,1)}`, `s8[2,64]{1,0:T(4,128)(4,1)}`).
 pub fn tpu_tiles(ty: i32, rows: i64) -> Vec<TileProto> {
-    let sublanes = rows.max(1).unsigned_abs().next_power_of_two().min(8) as i64;
+    let packed = match type_bits(ty) {
+        Some(bits @ (8 | 16)) => 32 / i64::from(bits),
+        _ => 1,
+    };
+    let sublanes = (rows.max(1).unsigned_abs().next_power_of_two().min(8) as i64).max(packed);
     let mut tiles = vec![TileProto {
         dimensions: vec![sublanes, 128],
     }];
-    if let Some(bits @ (8 | 16)) = type_bits(ty) {
+    if packed > 1 {
         tiles.push(TileProto {
-            dimensions: vec![32 / i64::from(bits), 1],
+            dimensions: vec![packed, 1],
         });
     }
     tiles
 }
 
 /// `s` with every array of rank 2 or more laid out row-major with
-/// [`tpu_tiles`] (what a Mosaic kernel's operands and results must carry
-/// past XLA:TPU's layout assignment); lower ranks keep their layout.
+/// [`tpu_tiles`] (what a Mosaic kernel's operands and results, and what
+/// a loop fusion holds, must carry past XLA:TPU's layout assignment);
+/// lower ranks keep their layout.
 pub fn tile_for_tpu(s: &mut ShapeProto) {
     if is_tuple(s) {
         s.tuple_shapes.iter_mut().for_each(tile_for_tpu);
@@ -167,6 +174,23 @@ pub fn element_count(s: &ShapeProto) -> Option<u64> {
 pub fn byte_size(s: &ShapeProto) -> Option<u64> {
     let bits = u64::from(type_bits(s.element_type)?);
     element_count(s)?.checked_mul(bits).map(|b| b.div_ceil(8))
+}
+
+/// Whether two array shapes are one: type, dimensions and layout (the
+/// layouts' order and tiles; none reads as row-major untiled).
+pub fn same_array(a: &ShapeProto, b: &ShapeProto) -> bool {
+    let layout = |s: &ShapeProto| {
+        s.layout.as_deref().map_or_else(
+            || {
+                (
+                    default_layout(s.dimensions.len()).minor_to_major,
+                    Vec::new(),
+                )
+            },
+            |l| (l.minor_to_major.clone(), l.tiles.clone()),
+        )
+    };
+    compatible(a, b) && layout(a) == layout(b)
 }
 
 /// Same element type, dimensions and tuple structure; layouts ignored.

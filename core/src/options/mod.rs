@@ -66,10 +66,11 @@ crate::choice_enum! {
     /// Whether the emitted ops are outlined into loop fusions.
     pub enum FuseMode {
         /// When the module is past XLA's fusion (the pipeline's stage is
-        /// `fused`, as at XLA:CPU's pre-scheduler hook); not before, where a
-        /// fusion would reach the compiler's layout assignment (XLA:GPU
-        /// aborts on one there). A module past fusion that holds none says
-        /// so with `--stage fused`.
+        /// `fused`, as at XLA:CPU's pre-scheduler hook, or `tiled`, as at
+        /// XLA:TPU's, where a fusion holds only what libtpu's fusion
+        /// emitter takes); not before, where a fusion would reach the
+        /// compiler's layout assignment (XLA:GPU aborts on one there). A
+        /// module past fusion that holds none says so with `--stage fused`.
         Auto = "auto",
         /// Never: leave fusion to the compiler.
         Off = "off",

@@ -61,8 +61,12 @@ crate::choice_enum! {
         /// space (XLA:TPU's pre-scheduler hook: `{1,0:T(8,128)(2,1)S(1)}`).
         /// Layout assignment, fusion and copy insertion have run: what the
         /// pass inserts must be what that backend's later passes take there.
-        /// It outlines no loop fusion (one with an untiled bitcast aborts
-        /// libtpu), emits the rotation's product as the fused convolution
+        /// Every array it emits carries libtpu's tiles, and its loop
+        /// fusions hold only what libtpu's fusion emitter takes there
+        /// (elementwise ops over one shape, scalars, a reduce as the root:
+        /// `outline-fusions`; a reshape, slice, concatenate or a
+        /// broadcast along new dimensions inside one aborts libtpu or is
+        /// refused). It emits the rotation's product as the fused convolution
         /// libtpu makes of a dot (a bare `dot` fails TPU lowering), and no
         /// transpose (TPU lowers only layout-changing copies by then); its
         /// vector constants are in libtpu's own layout, its all-to-alls in

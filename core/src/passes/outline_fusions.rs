@@ -17,6 +17,16 @@
 //!   fusion that uses them rather than passed in;
 //! - collectives, parameters, tuples and the rank lookup stay outside.
 //!
+//! Past XLA:TPU's layout assignment ([`Stage::Tiled`], its pre-scheduler
+//! hook) libtpu's fusion emitter takes less, and aborts the process on
+//! what it does not take (`fusion_util.cc`: "TransformWindow: Loop will not
+//! make progress" for a reshape, a slice or a broadcast along new
+//! dimensions inside a fusion of tiled arrays; a refusal for a
+//! concatenate or a constant array). There a fusion holds only
+//! elementwise ops over arrays of one shape, scalars and their
+//! broadcasts, and a reduce as its root ([`Rules::Tiled`]); everything
+//! else stays an op of its own.
+//!
 //! Only instructions equarx emitted are touched: those whose metadata
 //! names the collective they came from (`op_name` `equarx[...]`, which
 //! every emitted instruction carries, loop bodies included).
@@ -46,9 +56,11 @@ impl Pass for OutlineFusions {
     }
 
     fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
-        if self.fuse == FuseMode::Off || self.stage != Stage::Fused {
-            return Ok(false);
-        }
+        let rules = match (self.fuse, self.stage) {
+            (FuseMode::Off, _) | (_, Stage::PreFusion) => return Ok(false),
+            (FuseMode::Auto, Stage::Fused) => Rules::Fused,
+            (FuseMode::Auto, Stage::Tiled) => Rules::Tiled,
+        };
         let before = module.computations().len();
         let comps: Vec<CompId> = module
             .computations()
@@ -67,7 +79,7 @@ impl Pass for OutlineFusions {
                         .collect()
                 });
             if !emitted.is_empty() {
-                changed |= fuse_emitted(module, comp, &emitted)?;
+                changed |= fuse_emitted(module, comp, &emitted, rules)?;
             }
         }
         Ok(changed || module.computations().len() != before)
@@ -82,9 +94,81 @@ pub fn emitted_by_equarx(i: &HloInstructionProto) -> bool {
         .is_some_and(|m| m.op_name.starts_with(EMITTED_OP_NAME_PREFIX))
 }
 
-/// Ops a loop fusion may hold: elementwise ops, the data movement a
-/// rewrite emits, and reductions (only as a fusion's root).
-fn fusible(i: &HloInstructionProto) -> bool {
+/// What a loop fusion may hold, by the compiler that gets it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Rules {
+    /// Past XLA's fusion (XLA:CPU's and XLA:GPU's hooks): elementwise ops,
+    /// the data movement a rewrite emits, reductions as roots.
+    Fused,
+    /// Past XLA:TPU's layout assignment: elementwise ops over arrays of one
+    /// shape, scalars and their broadcasts, reductions as roots.
+    Tiled,
+}
+
+/// An array of one element (a scalar, or every dimension 1).
+fn effectively_scalar(i: &HloInstructionProto) -> bool {
+    i.shape
+        .as_ref()
+        .is_some_and(|s| s.tuple_shapes.is_empty() && s.dimensions.iter().all(|&d| d == 1))
+}
+
+/// Whether `i` may join a loop fusion under `rules`.
+fn fusible(
+    i: &HloInstructionProto,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    rules: Rules,
+) -> bool {
+    match rules {
+        Rules::Fused => fusible_past_fusion(i),
+        Rules::Tiled => fusible_tiled(i, by_id),
+    }
+}
+
+/// [`Rules::Tiled`]: what libtpu's fusion emitter takes (module doc),
+/// over arrays that are scalars or carry tiles (the emission leaves
+/// untiled the arrays whose tiles it does not know:
+/// [`crate::ir::shape::TpuTiles::Known`]).
+fn fusible_tiled(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
+    let tiled_or_scalar = |i: &HloInstructionProto| {
+        i.shape.as_ref().is_some_and(|s| {
+            s.tuple_shapes.is_empty()
+                && (s.dimensions.is_empty()
+                    || s.layout.as_ref().is_some_and(|l| !l.tiles.is_empty()))
+        })
+    };
+    if !tiled_or_scalar(i)
+        || !i
+            .operand_ids
+            .iter()
+            .all(|o| by_id.get(o).is_some_and(|o| tiled_or_scalar(o)))
+    {
+        return false;
+    }
+    let dims = |i: &HloInstructionProto| i.shape.as_ref().map(|s| s.dimensions.clone());
+    let scalar_operand = || {
+        i.operand_ids
+            .first()
+            .and_then(|o| by_id.get(o))
+            .is_some_and(|o| dims(o).is_some_and(|d| d.is_empty()))
+    };
+    match Opcode::of(i) {
+        Some(Opcode::Reduce) => true,
+        Some(Opcode::Constant | Opcode::Iota) => effectively_scalar(i),
+        Some(Opcode::Broadcast) => scalar_operand(),
+        Some(op) if op.is_elementwise() && op.class() != Class::Collective => {
+            i.operand_ids.iter().all(|o| {
+                by_id.get(o).is_some_and(|o| {
+                    dims(o).is_some_and(|d| d.is_empty() || Some(&d) == dims(i).as_ref())
+                })
+            })
+        }
+        _ => false,
+    }
+}
+
+/// [`Rules::Fused`]: elementwise ops, the data movement a rewrite emits,
+/// and reductions (only as a fusion's root).
+fn fusible_past_fusion(i: &HloInstructionProto) -> bool {
     Opcode::of(i).is_some_and(|op| {
         op.is_elementwise()
             || matches!(
@@ -112,37 +196,50 @@ fn is(i: &HloInstructionProto, op: Opcode) -> bool {
 /// reshaping (convert, reshape, pad, concatenate) of the ring's inputs,
 /// which every hop reads a different slice of, and the concatenation of the
 /// lanes' results.
+///
+/// Under [`Rules::Tiled`] only scalar constants and their broadcasts: a
+/// constant array inside a fusion is refused there.
 fn copied_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
+    rules: Rules,
 ) -> HashSet<i64> {
     let mut copied: HashSet<i64> = HashSet::default();
     for i in c.instructions() {
         if !emitted.contains(&i.id) || !i.control_predecessor_ids.is_empty() {
             continue;
         }
-        let yes = match Opcode::of(i) {
-            Some(Opcode::Constant | Opcode::Iota) => true,
-            Some(Opcode::Broadcast) => i
+        let yes = match (rules, Opcode::of(i)) {
+            (Rules::Tiled, Some(Opcode::Constant)) => effectively_scalar(i),
+            (Rules::Tiled, Some(Opcode::Broadcast)) => i
                 .operand_ids
                 .first()
                 .and_then(|o| by_id.get(o))
-                .is_some_and(|o| is(o, Opcode::Constant)),
-            // Reads only the inputs (from outside the ring) and constants.
-            Some(Opcode::Convert | Opcode::Reshape | Opcode::Pad) => i
-                .operand_ids
-                .iter()
-                .all(|o| !emitted.contains(o) || copied.contains(o)),
-            // The same, or the lanes' sums out of the ring's loop: the
-            // gather's quantize reads them in place instead of from a
-            // concatenated f32 copy.
-            Some(Opcode::Concatenate) => i.operand_ids.iter().all(|o| {
-                !emitted.contains(o)
-                    || copied.contains(o)
-                    || by_id.get(o).is_some_and(|o| is(o, Opcode::GetTupleElement))
-            }),
-            _ => false,
+                .is_some_and(|o| is(o, Opcode::Constant) && effectively_scalar(o)),
+            (Rules::Tiled, _) => false,
+            (Rules::Fused, op) => match op {
+                Some(Opcode::Constant | Opcode::Iota) => true,
+                Some(Opcode::Broadcast) => i
+                    .operand_ids
+                    .first()
+                    .and_then(|o| by_id.get(o))
+                    .is_some_and(|o| is(o, Opcode::Constant)),
+                // Reads only the inputs (from outside the ring) and constants.
+                Some(Opcode::Convert | Opcode::Reshape | Opcode::Pad) => i
+                    .operand_ids
+                    .iter()
+                    .all(|o| !emitted.contains(o) || copied.contains(o)),
+                // The same, or the lanes' sums out of the ring's loop: the
+                // gather's quantize reads them in place instead of from a
+                // concatenated f32 copy.
+                Some(Opcode::Concatenate) => i.operand_ids.iter().all(|o| {
+                    !emitted.contains(o)
+                        || copied.contains(o)
+                        || by_id.get(o).is_some_and(|o| is(o, Opcode::GetTupleElement))
+                }),
+                _ => false,
+            },
         };
         if yes {
             copied.insert(i.id);
@@ -157,17 +254,23 @@ fn fuse_emitted(
     module: &mut Module,
     comp: CompId,
     emitted: &HashSet<i64>,
+    rules: Rules,
 ) -> Result<bool, PassError> {
     let Some(c) = module.computation(comp) else {
         return Ok(false);
     };
     let by_id: HashMap<i64, &HloInstructionProto> =
         c.instructions().iter().map(|i| (i.id, i)).collect();
-    let copied = copied_ops(c, emitted, &by_id);
-    let group = fusion_groups(c, emitted, &by_id, &copied);
+    let copied = copied_ops(c, emitted, &by_id, rules);
+    let group = fusion_groups(c, emitted, &by_id, &copied, rules);
     let members = members_by_root(c, &group);
     let roots = fusion_roots(c, &members, &by_id, &copied);
-    let bitcasts = reshapes_to_bitcast(c, emitted, &group, &members, &by_id);
+    // Past XLA:TPU's tiling a row-major reshape is no bitcast: the tiles
+    // pad the arrays differently.
+    let bitcasts = match rules {
+        Rules::Fused => reshapes_to_bitcast(c, emitted, &group, &members, &by_id),
+        Rules::Tiled => Vec::new(),
+    };
     let root_of_comp = c.root_id().0;
 
     let mut outlined = Vec::with_capacity(roots.len());
@@ -196,14 +299,30 @@ fn fusion_groups(
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
+    rules: Rules,
 ) -> HashMap<i64, i64> {
     let root_of_comp = c.root_id().0;
     let users = c.users();
+    // libtpu folds a layout-changing copy into the fusion beside it, and
+    // its emitter aborts on the fusion that makes ("TransformWindow: Loop
+    // will not make progress"): past its tiling nothing next to a copy is
+    // fused.
+    let next_to_copy = |i: &HloInstructionProto| {
+        i.operand_ids
+            .iter()
+            .any(|o| by_id.get(o).is_some_and(|o| is(o, Opcode::Copy)))
+            || users.get(&InstrId(i.id)).is_some_and(|us| {
+                us.iter()
+                    .any(|u| by_id.get(&u.0).is_some_and(|u| is(u, Opcode::Copy)))
+            })
+    };
     let eligible = |id: i64| {
         emitted.contains(&id)
-            && by_id
-                .get(&id)
-                .is_some_and(|i| fusible(i) && i.control_predecessor_ids.is_empty())
+            && by_id.get(&id).is_some_and(|i| {
+                fusible(i, by_id, rules)
+                    && i.control_predecessor_ids.is_empty()
+                    && !(rules == Rules::Tiled && next_to_copy(i))
+            })
     };
     let mut group: HashMap<i64, i64> = HashMap::default();
     for instr in c.instructions().iter().rev() {

@@ -4,7 +4,7 @@
 //! element by element for a tuple, is pointed at the new values.
 
 use super::eligibility::{Candidate, Operand};
-use super::emit::{EmitInputs, emit};
+use super::emit::{EmitInputs, EmittedPlan, emit};
 use super::report::EmittedCounts;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
@@ -129,46 +129,64 @@ pub fn splice(
         .map(|o| narrow_source(module, comp, o.id, c.instr).unwrap_or_else(|| value(o)))
         .collect();
 
-    let mut b = Builder::new(module, c.comp, Some(metadata_for(&instr)));
     let results: Vec<ShapeProto> = shapes_of(c, &element_shapes, true);
-    // Past XLA:TPU's layout assignment an operand or result may order its
-    // dimensions otherwise than row-major (`{0,1:T(8,128)}`); a reshape
-    // between that and a row-major array moves elements, which TPU
-    // lowering refuses ("Reshape should have supported layout"). The plan
-    // then reads and writes row-major arrays, through layout-changing
-    // copies, as libtpu's own layout assignment would have inserted.
-    let relaid = |s: &ShapeProto| match stage {
-        Stage::Tiled => shape::row_major(s),
-        Stage::PreFusion | Stage::Fused => None,
-    };
-    let packed: Vec<Value> = packed
-        .into_iter()
-        .map(|x| match relaid(&x.shape) {
-            Some(s) => b.copy_to(&x, &s),
-            None => x,
-        })
-        .collect();
     let laid_out: Vec<ShapeProto> = results
         .iter()
-        .map(|r| relaid(r).unwrap_or_else(|| r.clone()))
+        .map(|r| relaid(stage, r).unwrap_or_else(|| r.clone()))
         .collect();
-    let mut emitted = emit(
-        &mut b,
-        &EmitInputs {
-            plan,
-            participants: &c.participants,
-            operands: &packed,
-            results: &laid_out,
-            max_s32: reducers.max_s32,
-            or_s32: reducers.or_s32,
-            async_permutes: c.done.is_some(),
-            stage,
-            before_xla,
-            dimension: c.dimension,
-        },
-    );
+    let inputs = EmitInputs {
+        plan,
+        participants: &c.participants,
+        operands: &[],
+        results: &laid_out,
+        max_s32: reducers.max_s32,
+        or_s32: reducers.or_s32,
+        async_permutes: c.done.is_some(),
+        stage,
+        before_xla,
+        dimension: c.dimension,
+    };
+    let metadata = metadata_for(&instr);
+    // Past XLA:TPU's layout assignment the emission carries libtpu's tiles:
+    // the loop fusions equarx outlines there (`outline-fusions`) reach
+    // libtpu's fusion emitter, which aborts on an untiled array. An op
+    // whose emission holds an array whose tiles libtpu is not known to
+    // take is emitted again untiled, and libtpu tiles it itself.
+    let tiled = stage == Stage::Tiled;
+    let before: Vec<CompId> = if tiled {
+        module.computations().iter().map(|c| c.id()).collect()
+    } else {
+        Vec::new()
+    };
+    let (b, emitted) = emit_relaid(module, c.comp, &metadata, &packed, inputs, tiled);
+    let tiled = tiled && tiles_known(&b, &before);
+    let (mut b, mut emitted) = if stage == Stage::Tiled && !tiled {
+        drop(b);
+        let added: Vec<CompId> = module
+            .computations()
+            .iter()
+            .map(|c| c.id())
+            .filter(|id| !before.contains(id))
+            .collect();
+        for id in added {
+            module.remove_computation(id);
+        }
+        emit_relaid(module, c.comp, &metadata, &packed, inputs, false)
+    } else {
+        (b, emitted)
+    };
+    // Each result laid out as the op's own (past XLA:TPU's layout
+    // assignment, tiles included).
+    b.tile_for_tpu(false);
     for ((v, result), written) in emitted.values.iter_mut().zip(&results).zip(&laid_out) {
-        if written != result {
+        // Untiled, the emission's arrays are libtpu's to tile, the result
+        // included.
+        let differs = if tiled {
+            !shape::same_array(&v.shape, result)
+        } else {
+            written != result
+        };
+        if differs {
             *v = b.copy_to(v, result);
         }
     }
@@ -223,6 +241,78 @@ pub fn splice(
         emitted,
         computations,
     })
+}
+
+/// Past XLA:TPU's layout assignment an operand or result may order its
+/// dimensions otherwise than row-major (`{0,1:T(8,128)}`); a reshape
+/// between that and a row-major array moves elements, which TPU lowering
+/// refuses ("Reshape should have supported layout"). The plan then reads
+/// and writes row-major arrays, through layout-changing copies, as
+/// libtpu's own layout assignment would have inserted: `s` row-major
+/// where it is not.
+fn relaid(stage: Stage, s: &ShapeProto) -> Option<ShapeProto> {
+    match stage {
+        Stage::Tiled => shape::row_major(s),
+        Stage::PreFusion | Stage::Fused => None,
+    }
+}
+
+/// A builder for computation `comp` holding `inputs.plan` emitted for the
+/// `packed` operands (brought row-major first, [`relaid`]), every array
+/// of rank 2 or more tiled for XLA:TPU if `tiled`.
+fn emit_relaid<'m>(
+    module: &'m mut Module,
+    comp: CompId,
+    metadata: &OpMetadata,
+    packed: &[Value],
+    inputs: EmitInputs,
+    tiled: bool,
+) -> (Builder<'m>, EmittedPlan) {
+    let mut b = Builder::new(module, comp, Some(metadata.clone()));
+    b.tile_for_tpu(tiled);
+    let operands: Vec<Value> = packed
+        .iter()
+        .map(|x| match relaid(inputs.stage, &x.shape) {
+            Some(s) => b.copy_to(x, &s),
+            None => x.clone(),
+        })
+        .collect();
+    let emitted = emit(
+        &mut b,
+        &EmitInputs {
+            operands: &operands,
+            ..inputs
+        },
+    );
+    (b, emitted)
+}
+
+/// Whether libtpu is known to take the tiles of every array `b` made and
+/// of the computations added since `before`: rows of 8, or an array of
+/// rank 2 (`bf16[4,4096]{1,0:T(4,128)(2,1)}` and `s8[2,64]{1,0:T(4,128)(4,1)}`
+/// are libtpu's own). Fewer rows in a higher rank are not: libtpu's
+/// emitter aborted on a `dynamic-slice` of `bf16[2,4,2,64]{3,2,1,0:T(2,128)(2,1)}`
+/// (`pipeline_emitter.cc`, "span_size % compact_2nd_minor_ratio").
+fn tiles_known(b: &Builder, before: &[CompId]) -> bool {
+    fn known(s: &ShapeProto) -> bool {
+        s.tuple_shapes.iter().all(known)
+            && (s.dimensions.len() <= 2
+                || s.layout.as_ref().is_none_or(|l| {
+                    l.tiles
+                        .first()
+                        .is_none_or(|t| t.dimensions.first().is_none_or(|&rows| rows >= 8))
+                }))
+    }
+    let added = b
+        .module()
+        .computations()
+        .iter()
+        .filter(|c| !before.contains(&c.id()))
+        .flat_map(|c| c.instructions());
+    b.instructions()
+        .iter()
+        .chain(added)
+        .all(|i| i.shape.as_ref().is_none_or(known))
 }
 
 fn value(o: &Operand) -> Value {

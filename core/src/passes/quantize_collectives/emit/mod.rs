@@ -57,6 +57,7 @@ use crate::plan::{Axis, Collective, Kernels, Phase, Plan, QuantFormat};
 use crate::proto::{LayoutProto, PrimitiveType, ShapeProto, TileProto};
 
 /// What the emitted subgraph needs besides the plan.
+#[derive(Clone, Copy)]
 pub struct EmitInputs<'a> {
     pub plan: &'a Plan,
     pub participants: &'a Participants,

@@ -128,23 +128,6 @@ fn reads_as_tiled_rows(s: &ShapeProto) -> bool {
         && layout.tiles == shape::tpu_tiles(s.element_type, 8)
 }
 
-/// Whether two array shapes are one: type, dimensions and layout (the
-/// layouts' order and tiles; none reads as row-major untiled).
-fn same_array(a: &ShapeProto, b: &ShapeProto) -> bool {
-    let layout = |s: &ShapeProto| {
-        s.layout.as_deref().map_or_else(
-            || {
-                (
-                    shape::default_layout(s.dimensions.len()).minor_to_major,
-                    Vec::new(),
-                )
-            },
-            |l| (l.minor_to_major.clone(), l.tiles.clone()),
-        )
-    };
-    shape::compatible(a, b) && layout(a) == layout(b)
-}
-
 impl Emitter<'_, '_, '_> {
     /// The plan's two-shot all-reduce of the one operand through the three
     /// kernels ([`fits`] said yes): quantize, all-to-all of codes and
@@ -152,17 +135,20 @@ impl Emitter<'_, '_, '_> {
     /// assignment every array of it carries libtpu's tiles.
     pub(super) fn mosaic_two_shot(&mut self, s: Shape) -> Value {
         let tiled = self.inputs.stage == Stage::Tiled;
-        self.b.tile_for_tpu(tiled);
+        let was = self.b.tile_for_tpu(tiled);
         let y = self.mosaic_steps(s);
+        // The result keeps the layout the op's result has.
         self.b.tile_for_tpu(false);
         let result = &self.inputs.results[0];
-        if same_array(&y.shape, result) {
+        let y = if shape::same_array(&y.shape, result) {
             y
         } else if tiled && reads_as_tiled_rows(result) {
             self.b.bitcast_to(&y, result)
         } else {
             self.b.reshape_to(&y, result)
-        }
+        };
+        self.b.tile_for_tpu(was);
+        y
     }
 
     /// `x` (rows whole tiles of 8) as the array `dims` of the same rows
