@@ -679,13 +679,8 @@ fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
             }
         }
     }
-    let all: Vec<&HloInstructionProto> = r
-        .module
-        .computations
-        .iter()
-        .flat_map(|c| &c.instructions)
-        .collect();
-    let by_id: HashMap<i64, &HloInstructionProto> = all.iter().map(|i| (i.id, *i)).collect();
+    let by_id = instructions(&r.module);
+    let all: Vec<&HloInstructionProto> = by_id.values().copied().collect();
     for i in all.iter().filter(|i| i.opcode == "copy") {
         let read = by_id[&i.operand_ids[0]];
         assert_ne!(
@@ -721,11 +716,8 @@ fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
             "{name}: an untiled emission fuses scalars only"
         );
     }
-    let emitted_tiles = r
-        .module
-        .computations
-        .iter()
-        .flat_map(|c| &c.instructions)
+    let emitted_tiles = instructions(&r.module)
+        .into_values()
         .filter(|i| {
             i.metadata
                 .as_ref()
