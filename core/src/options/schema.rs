@@ -292,7 +292,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         why: "outline the quantize / dequantize-add chains into `kLoop` fusions when the \
               module is already fused (XLA:CPU's pre-scheduler hook: the JAX door; a dump after \
               optimizations; XLA:TPU's hook, where every emitted op would otherwise be a kernel \
-              of its own: an 8 MiB psum 64 kernels instead of 93 and 0.4 MiB of temp memory \
+              of its own: an 8 MiB psum 56 kernels instead of 93 and 0.4 MiB of temp memory \
               instead of 32 MiB); before fusion XLA fuses them itself, and a fusion that reaches \
               XLA:GPU's layout assignment aborts the compiler. A module past fusion that holds \
               none says so with `--stage fused`. A rewritten after-optimizations dump that you \
