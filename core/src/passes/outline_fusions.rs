@@ -124,6 +124,11 @@ fn fusible(
     }
 }
 
+/// The dimensions of `i`'s shape (none for a shapeless instruction).
+fn dims(i: &HloInstructionProto) -> &[i64] {
+    i.shape.as_ref().map_or(&[], |s| &s.dimensions)
+}
+
 /// [`Rules::Tiled`]: what libtpu's fusion emitter takes (module doc),
 /// over arrays that are scalars or carry tiles (the emission leaves
 /// untiled the arrays whose tiles it does not know:
@@ -144,23 +149,17 @@ fn fusible_tiled(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionPr
     {
         return false;
     }
-    let dims = |i: &HloInstructionProto| i.shape.as_ref().map(|s| s.dimensions.clone());
-    let scalar_operand = || {
+    let operand_dims = || {
         i.operand_ids
-            .first()
-            .and_then(|o| by_id.get(o))
-            .is_some_and(|o| dims(o).is_some_and(|d| d.is_empty()))
+            .iter()
+            .map(|o| by_id.get(o).map_or(&[][..], |o| dims(o)))
     };
     match Opcode::of(i) {
         Some(Opcode::Reduce) => true,
         Some(Opcode::Constant | Opcode::Iota) => effectively_scalar(i),
-        Some(Opcode::Broadcast) => scalar_operand(),
+        Some(Opcode::Broadcast) => operand_dims().all(|d| d.is_empty()),
         Some(op) if op.is_elementwise() && op.class() != Class::Collective => {
-            i.operand_ids.iter().all(|o| {
-                by_id.get(o).is_some_and(|o| {
-                    dims(o).is_some_and(|d| d.is_empty() || Some(&d) == dims(i).as_ref())
-                })
-            })
+            operand_dims().all(|d| d.is_empty() || d == dims(i))
         }
         _ => false,
     }

@@ -152,21 +152,17 @@ pub fn splice(
     // libtpu's fusion emitter, which aborts on an untiled array. An op
     // whose emission holds an array whose tiles libtpu is not known to
     // take is emitted again untiled, and libtpu tiles it itself.
-    let tiled = stage == Stage::Tiled;
-    let before: Vec<CompId> = if tiled {
-        module.computations().iter().map(|c| c.id()).collect()
-    } else {
-        Vec::new()
-    };
-    let (b, emitted) = emit_relaid(module, c.comp, &metadata, &packed, inputs, tiled);
-    let tiled = tiled && tiles_known(&b, &before);
+    // A new computation's id is above every other's (`add_computation`).
+    let newest = module.computations().iter().map(|c| c.id()).max();
+    let (b, emitted) = emit_relaid(module, c.comp, &metadata, &packed, inputs, true);
+    let tiled = stage == Stage::Tiled && tiles_known(&b, newest);
     let (mut b, mut emitted) = if stage == Stage::Tiled && !tiled {
         drop(b);
         let added: Vec<CompId> = module
             .computations()
             .iter()
             .map(|c| c.id())
-            .filter(|id| !before.contains(id))
+            .filter(|&id| Some(id) > newest)
             .collect();
         for id in added {
             module.remove_computation(id);
@@ -259,7 +255,8 @@ fn relaid(stage: Stage, s: &ShapeProto) -> Option<ShapeProto> {
 
 /// A builder for computation `comp` holding `inputs.plan` emitted for the
 /// `packed` operands (brought row-major first, [`relaid`]), every array
-/// of rank 2 or more tiled for XLA:TPU if `tiled`.
+/// of rank 2 or more tiled for XLA:TPU if `tiled` and the stage is
+/// [`Stage::Tiled`].
 fn emit_relaid<'m>(
     module: &'m mut Module,
     comp: CompId,
@@ -269,7 +266,7 @@ fn emit_relaid<'m>(
     tiled: bool,
 ) -> (Builder<'m>, EmittedPlan) {
     let mut b = Builder::new(module, comp, Some(metadata.clone()));
-    b.tile_for_tpu(tiled);
+    b.tile_for_tpu(tiled && inputs.stage == Stage::Tiled);
     let operands: Vec<Value> = packed
         .iter()
         .map(|x| match relaid(inputs.stage, &x.shape) {
@@ -288,12 +285,12 @@ fn emit_relaid<'m>(
 }
 
 /// Whether libtpu is known to take the tiles of every array `b` made and
-/// of the computations added since `before`: rows of 8, or an array of
+/// of the computations added after `newest`: rows of 8, or an array of
 /// rank 2 (`bf16[4,4096]{1,0:T(4,128)(2,1)}` and `s8[2,64]{1,0:T(4,128)(4,1)}`
 /// are libtpu's own). Fewer rows in a higher rank are not: libtpu's
 /// emitter aborted on a `dynamic-slice` of `bf16[2,4,2,64]{3,2,1,0:T(2,128)(2,1)}`
 /// (`pipeline_emitter.cc`, "span_size % compact_2nd_minor_ratio").
-fn tiles_known(b: &Builder, before: &[CompId]) -> bool {
+fn tiles_known(b: &Builder, newest: Option<CompId>) -> bool {
     fn known(s: &ShapeProto) -> bool {
         s.tuple_shapes.iter().all(known)
             && (s.dimensions.len() <= 2
@@ -307,7 +304,7 @@ fn tiles_known(b: &Builder, before: &[CompId]) -> bool {
         .module()
         .computations()
         .iter()
-        .filter(|c| !before.contains(&c.id()))
+        .filter(|c| Some(c.id()) > newest)
         .flat_map(|c| c.instructions());
     b.instructions()
         .iter()
