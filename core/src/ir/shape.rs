@@ -139,17 +139,20 @@ pub fn tpu_tiles(ty: i32, rows: i64) -> Vec<TileProto> {
 /// `s` with every array of rank 2 or more laid out row-major with
 /// [`tpu_tiles`] (what a Mosaic kernel's operands and results, and what
 /// a loop fusion holds, must carry past XLA:TPU's layout assignment), and
-/// a 32-bit vector of whole kilo-elements in tiles of 1024, as libtpu
-/// lays out the block maxima of `[n, 64]` (`f32[16384]{0:T(1024)}`);
-/// other arrays keep their layout.
+/// a 32-bit vector of 1024 elements or more in tiles of 1024, as libtpu
+/// lays out the block maxima of `[n, 64]` (`f32[1280]{0:T(1024)}`,
+/// `f32[16384]{0:T(1024)}`, read from probes' compiled modules); other
+/// arrays keep their layout. A shorter vector is not tiled: libtpu's
+/// tiles for one depend on its length (`T(128)` to `T(512)`), and a
+/// tiled `s32[1]` beside a scalar aborted its lowering
+/// (`lowering_util.cc`, "Incompatible source and destination shapes").
 pub fn tile_for_tpu(s: &mut ShapeProto) {
     if is_tuple(s) {
         s.tuple_shapes.iter_mut().for_each(tile_for_tpu);
     } else if is_array(s)
         && s.dimensions.len() == 1
         && type_bits(s.element_type) == Some(32)
-        && s.dimensions[0] > 0
-        && s.dimensions[0] % 1024 == 0
+        && s.dimensions[0] >= 1024
     {
         let mut layout = default_layout(1);
         layout.tiles = vec![TileProto {
