@@ -130,9 +130,8 @@ fn dims(i: &HloInstructionProto) -> &[i64] {
 }
 
 /// [`Rules::Tiled`]: what libtpu's fusion emitter takes (module doc),
-/// over arrays that are scalars or carry tiles (the emission leaves
-/// untiled the arrays whose tiles it does not know:
-/// [`crate::ir::shape::TpuTiles::Known`]).
+/// over arrays that are scalars or carry tiles (an op whose tiles libtpu
+/// is not known to take is emitted untiled: `splice::tiles_known`).
 fn fusible_tiled(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
     let tiled_or_scalar = |i: &HloInstructionProto| {
         i.shape.as_ref().is_some_and(|s| {
@@ -209,36 +208,31 @@ fn copied_ops(
         if !emitted.contains(&i.id) || !i.control_predecessor_ids.is_empty() {
             continue;
         }
-        let yes = match (rules, Opcode::of(i)) {
-            (Rules::Tiled, Some(Opcode::Constant)) => effectively_scalar(i),
-            (Rules::Tiled, Some(Opcode::Broadcast)) => i
+        let fused = rules == Rules::Fused;
+        let yes = match Opcode::of(i) {
+            // Under `Rules::Tiled` a constant array is refused in a fusion.
+            Some(Opcode::Constant) => fused || effectively_scalar(i),
+            Some(Opcode::Iota) => fused,
+            Some(Opcode::Broadcast) => i
                 .operand_ids
                 .first()
                 .and_then(|o| by_id.get(o))
-                .is_some_and(|o| is(o, Opcode::Constant) && effectively_scalar(o)),
-            (Rules::Tiled, _) => false,
-            (Rules::Fused, op) => match op {
-                Some(Opcode::Constant | Opcode::Iota) => true,
-                Some(Opcode::Broadcast) => i
-                    .operand_ids
-                    .first()
-                    .and_then(|o| by_id.get(o))
-                    .is_some_and(|o| is(o, Opcode::Constant)),
-                // Reads only the inputs (from outside the ring) and constants.
-                Some(Opcode::Convert | Opcode::Reshape | Opcode::Pad) => i
-                    .operand_ids
-                    .iter()
-                    .all(|o| !emitted.contains(o) || copied.contains(o)),
-                // The same, or the lanes' sums out of the ring's loop: the
-                // gather's quantize reads them in place instead of from a
-                // concatenated f32 copy.
-                Some(Opcode::Concatenate) => i.operand_ids.iter().all(|o| {
-                    !emitted.contains(o)
-                        || copied.contains(o)
-                        || by_id.get(o).is_some_and(|o| is(o, Opcode::GetTupleElement))
-                }),
-                _ => false,
-            },
+                .is_some_and(|o| is(o, Opcode::Constant) && (fused || effectively_scalar(o))),
+            _ if !fused => false,
+            // Reads only the inputs (from outside the ring) and constants.
+            Some(Opcode::Convert | Opcode::Reshape | Opcode::Pad) => i
+                .operand_ids
+                .iter()
+                .all(|o| !emitted.contains(o) || copied.contains(o)),
+            // The same, or the lanes' sums out of the ring's loop: the
+            // gather's quantize reads them in place instead of from a
+            // concatenated f32 copy.
+            Some(Opcode::Concatenate) => i.operand_ids.iter().all(|o| {
+                !emitted.contains(o)
+                    || copied.contains(o)
+                    || by_id.get(o).is_some_and(|o| is(o, Opcode::GetTupleElement))
+            }),
+            _ => false,
         };
         if yes {
             copied.insert(i.id);
