@@ -210,6 +210,27 @@ fn rewrite_by_cli(
 }
 
 /// The test's rewrite and jobs.
+/// The rewrite as XLA:CPU runs it. Past XLA:TPU's tiling (`stage: tiled`)
+/// a reshape that moves no byte under libtpu's tiles is emitted as a
+/// `bitcast`, which XLA:CPU, compiling the module from its start, refuses
+/// before its layout assignment; there it is the reshape it stands for.
+fn for_xla_cpu(module: &HloModuleProto, tiled: bool) -> std::borrow::Cow<'_, HloModuleProto> {
+    if !tiled {
+        return std::borrow::Cow::Borrowed(module);
+    }
+    let mut m = module.clone();
+    for i in m
+        .computations
+        .iter_mut()
+        .flat_map(|c| c.instructions.iter_mut())
+    {
+        if i.opcode == "bitcast" {
+            i.opcode = "reshape".into();
+        }
+    }
+    std::borrow::Cow::Owned(m)
+}
+
 pub fn prepare(file: &CaseFile, spec: &TestSpec) -> Result<Prepared, String> {
     let h = &file.header;
     let name = test_name(&file.name, spec);
@@ -262,7 +283,10 @@ pub fn prepare(file: &CaseFile, spec: &TestSpec) -> Result<Prepared, String> {
         p.cli = Some((text.clone(), plan));
         Arc::new(Module::Text(text))
     } else {
-        Arc::new(Module::Proto(p.rewritten.module.encode_to_vec()))
+        let tiled = p.options.pass.stage == Some(equarx::Stage::Tiled);
+        Arc::new(Module::Proto(
+            for_xla_cpu(&p.rewritten.module, tiled).encode_to_vec(),
+        ))
     };
     let reference = match &h.check {
         Check::Psum(_) if h.baseline => Some(p.original.clone()),

@@ -72,6 +72,12 @@ impl<'m> Builder<'m> {
         std::mem::replace(&mut self.tpu_tiled, on)
     }
 
+    /// Whether what this builder makes is tiled for XLA:TPU
+    /// ([`Builder::tile_for_tpu`]).
+    pub fn tiled_for_tpu(&self) -> bool {
+        self.tpu_tiled
+    }
+
     pub fn fresh_channel_id(&mut self) -> i64 {
         self.module.fresh_channel_id()
     }

@@ -151,13 +151,17 @@ pub fn tile_for_tpu(s: &mut ShapeProto) {
         s.tuple_shapes.iter_mut().for_each(tile_for_tpu);
     } else if is_array(s)
         && s.dimensions.len() == 1
-        && type_bits(s.element_type) == Some(32)
+        && matches!(type_bits(s.element_type), Some(16 | 32))
         && s.dimensions[0] >= 1024
     {
         let mut layout = default_layout(1);
-        layout.tiles = vec![TileProto {
-            dimensions: vec![1024],
-        }];
+        let tile = |dims: &[i64]| TileProto {
+            dimensions: dims.to_vec(),
+        };
+        layout.tiles = match type_bits(s.element_type) {
+            Some(16) => vec![tile(&[1024]), tile(&[128]), tile(&[2, 1])],
+            _ => vec![tile(&[1024])],
+        };
         s.layout = Some(Box::new(layout));
         s.is_dynamic_dimension = vec![false];
     } else if is_array(s) && s.dimensions.len() >= 2 {
@@ -208,6 +212,35 @@ pub fn same_array(a: &ShapeProto, b: &ShapeProto) -> bool {
         )
     };
     compatible(a, b) && layout(a) == layout(b)
+}
+
+/// Whether a reshape of `from` into `to` moves no byte under XLA:TPU's
+/// tiles, so it can be a `bitcast`: both row-major with the same tiles
+/// and memory space, the same minor dimension, and second-minor
+/// dimensions that are whole tiles of rows on both sides (only whole
+/// tile rows are regrouped among the major dimensions:
+/// `f32[65536,64]{1,0:T(8,128)}` as `f32[4,128,128,64]{3,2,1,0:T(8,128)}`).
+pub fn tiled_reshape_is_bitcast(from: &ShapeProto, to: &ShapeProto) -> bool {
+    fn tiled_rows(s: &ShapeProto) -> Option<(usize, &LayoutProto)> {
+        let rank = s.dimensions.len();
+        let l = s.layout.as_deref()?;
+        let rows = l.tiles.first()?.dimensions.first().copied()?;
+        (is_array(s)
+            && rank >= 2
+            && l.minor_to_major == default_layout(rank).minor_to_major
+            && l.tiles[0].dimensions.len() == 2
+            && rows > 0
+            && s.dimensions[rank - 2] % rows == 0)
+            .then_some((rank, l))
+    }
+    let (Some((rf, lf)), Some((rt, lt))) = (tiled_rows(from), tiled_rows(to)) else {
+        return false;
+    };
+    from.element_type == to.element_type
+        && lf.tiles == lt.tiles
+        && lf.memory_space == lt.memory_space
+        && from.dimensions[rf - 1] == to.dimensions[rt - 1]
+        && element_count(from) == element_count(to)
 }
 
 /// Same element type, dimensions and tuple structure; layouts ignored.
@@ -305,6 +338,38 @@ pub fn physical_positions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tiled_reshape_is_a_bitcast_only_where_whole_tile_rows_regroup() {
+        let tiled = |ty, dims: &[i64]| {
+            let mut s = array(ty, dims);
+            tile_for_tpu(&mut s);
+            s
+        };
+        let f = PrimitiveType::F32;
+        let flat = tiled(f, &[65536, 64]);
+        assert!(tiled_reshape_is_bitcast(
+            &flat,
+            &tiled(f, &[4, 128, 128, 64])
+        ));
+        assert!(tiled_reshape_is_bitcast(
+            &tiled(f, &[1, 16384, 64]),
+            &tiled(f, &[16384, 64])
+        ));
+        // The minor dimension changes: the rows are padded differently.
+        assert!(!tiled_reshape_is_bitcast(&flat, &tiled(f, &[2048, 2048])));
+        // Rows of 4 take tiles of 4 rows: another order in memory.
+        assert!(!tiled_reshape_is_bitcast(&flat, &tiled(f, &[16384, 4, 64])));
+        // Another element type or no tiles at all.
+        assert!(!tiled_reshape_is_bitcast(
+            &flat,
+            &tiled(PrimitiveType::S32, &[4, 16384, 64])
+        ));
+        assert!(!tiled_reshape_is_bitcast(
+            &array(f, &[65536, 64]),
+            &array(f, &[4, 16384, 64])
+        ));
+    }
 
     #[test]
     fn physical_positions_follow_the_layout() {

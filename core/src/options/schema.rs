@@ -292,8 +292,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         why: "outline the quantize / dequantize-add chains into `kLoop` fusions when the \
               module is already fused (XLA:CPU's pre-scheduler hook: the JAX door; a dump after \
               optimizations; XLA:TPU's hook, where every emitted op would otherwise be a kernel \
-              of its own: an 8 MiB psum 56 kernels instead of 93 and 0.4 MiB of temp memory \
-              instead of 32 MiB); before fusion XLA fuses them itself, and a fusion that reaches \
+              of its own: an 8 MiB psum 30 kernels instead of 93 and no temp memory instead \
+              of 32 MiB); before fusion XLA fuses them itself, and a fusion that reaches \
               XLA:GPU's layout assignment aborts the compiler. A module past fusion that holds \
               none says so with `--stage fused`. A rewritten after-optimizations dump that you \
               send through XLA's whole pipeline again (e.g. via MLIR) wants `off`: XLA's layout \
@@ -384,7 +384,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         why: "libtpu makes 9.75 to 14 kernels an op of the HLO form; as one Mosaic kernel a \
               step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB psum in 5.2x the \
               original's time instead of 15.2x, a TP MLP in 1.19x instead of 1.42x, Gemma 3 \
-              270M in 1.18x instead of 1.89x, and at the hook in 1.11x instead of 2.94x \
+              270M in 1.18x instead of 1.89x, and at the hook in 1.11x instead of 1.75x \
               ([BENCHMARKS.md](../BENCHMARKS.md)). Opt-in: no \
               TPU runs the kernels here; their text runs on the host against the HLO \
               emission, bit for bit",

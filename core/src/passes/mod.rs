@@ -115,12 +115,15 @@ crate::choice_enum! {
 
 impl Platform {
     /// How `plan`'s messages travel when this platform compiles a module at
-    /// `stage`: XLA:TPU gets the codes and the scales apart, except where
-    /// an all-to-all takes the tuple form (past its tiling assignment),
-    /// whose pieces, P per array, a second array would double (at 64 chips
-    /// 212 kernels against 157 for two-shot at the hook).
+    /// `stage`: XLA:TPU gets the codes and the scales apart (no
+    /// concatenate to send them, no slices to read them), except where an
+    /// all-to-all takes the tuple form (XLA:CPU's stage past fusion, which
+    /// the CLI can name for a TPU module), whose pieces, P per array, a
+    /// second array would double. Past XLA:TPU's tiling assignment the
+    /// all-to-all of a tiled array is libtpu's own array form (a scale
+    /// array of rank 2 and the untiled fallback still go as tuples).
     pub fn wire(self, stage: Stage, plan: &Plan) -> Wire {
-        let tuple_all_to_all = stage != Stage::PreFusion
+        let tuple_all_to_all = stage == Stage::Fused
             && plan
                 .phases
                 .iter()
@@ -322,7 +325,7 @@ mod tests {
     }
 
     #[test]
-    fn xla_tpu_gets_codes_and_scales_apart_but_where_an_all_to_all_is_a_tuple() {
+    fn xla_tpu_gets_codes_and_scales_apart_but_where_an_all_to_all_is_a_tuple_past_fusion() {
         let plan = |a| Plan::new(8, 1 << 16, &test_config(a)).unwrap();
         let (ring, two_shot) = (plan(Algorithm::Ring), plan(Algorithm::TwoShot));
         for stage in [Stage::PreFusion, Stage::Fused, Stage::Tiled] {
@@ -334,6 +337,8 @@ mod tests {
         assert_eq!(Platform::Tpu.wire(Stage::PreFusion, &ring), Wire::Split);
         assert_eq!(Platform::Tpu.wire(Stage::PreFusion, &two_shot), Wire::Split);
         assert_eq!(Platform::Tpu.wire(Stage::Tiled, &ring), Wire::Split);
-        assert_eq!(Platform::Tpu.wire(Stage::Tiled, &two_shot), Wire::Packed);
+        assert_eq!(Platform::Tpu.wire(Stage::Tiled, &two_shot), Wire::Split);
+        assert_eq!(Platform::Tpu.wire(Stage::Fused, &ring), Wire::Split);
+        assert_eq!(Platform::Tpu.wire(Stage::Fused, &two_shot), Wire::Packed);
     }
 }

@@ -25,21 +25,26 @@
 //! concatenate or a constant array). There a fusion holds only
 //! elementwise ops over arrays of one shape, scalars and their
 //! broadcasts, and a reduce as its root ([`Rules::Tiled`]); everything
-//! else stays an op of its own.
+//! else stays an op of its own. Two things make up for that there: a
+//! cheap elementwise op that several fusions read (a block's scale chain,
+//! the input's widening) is copied into each of them, as XLA's own fusion
+//! recomputes one, and a reshape that only regroups whole tile rows is a
+//! `bitcast`.
 //!
 //! Only instructions equarx emitted are touched: those whose metadata
 //! names the collective they came from (`op_name` `equarx[...]`, which
 //! every emitted instruction carries, loop bodies included).
 //!
 //! Why it is sound: an outlined fusion computes what its members computed,
-//! from the same operands; only a fusion's root is used outside it.
+//! from the same operands; only a fusion's root is used outside it, and an
+//! op copied into several computes the same value in each.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::quantize_collectives::splice::EMITTED_OP_NAME_PREFIX;
 use super::{Pass, PassError, Stage};
 use crate::ir::opcode::{Class, Opcode};
-use crate::ir::{CompId, Edits, InstrId, Module};
+use crate::ir::{CompId, Edits, InstrId, Module, shape};
 use crate::options::FuseMode;
 use crate::proto::{HloComputationProto, HloInstructionProto, ProgramShapeProto};
 
@@ -195,12 +200,16 @@ fn is(i: &HloInstructionProto, op: Opcode) -> bool {
 /// which every hop reads a different slice of, and the concatenation of the
 /// lanes' results.
 ///
-/// Under [`Rules::Tiled`] only scalar constants and their broadcasts: a
-/// constant array inside a fusion is refused there.
+/// Under [`Rules::Tiled`] only scalar constants and their broadcasts (a
+/// constant array inside a fusion is refused there), and an elementwise op
+/// read by several fusible ops, all of them: a block's scale, say, which
+/// both the codes and the wire's scale read. Past libtpu's fusion no
+/// fusion of its own would spare it a kernel and a trip through memory.
 fn copied_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
     rules: Rules,
 ) -> HashSet<i64> {
     let mut copied: HashSet<i64> = HashSet::default();
@@ -238,7 +247,71 @@ fn copied_ops(
             copied.insert(i.id);
         }
     }
+    if rules == Rules::Tiled {
+        copied.extend(shared_cheap_ops(c, emitted, by_id, users));
+    }
     copied
+}
+
+/// Under [`Rules::Tiled`], the cheap elementwise ops (no divide, power or
+/// transcendental: XLA's own fusion does not recompute those either) whose
+/// every user is a fusible op or one of these: copied into each fusion
+/// that reads them, a block's scale chain into both the codes and the
+/// wire's scale, say. Walked from the last instruction back, so every
+/// user is judged before what it reads; an op read once is only taken
+/// when its user is one of these.
+fn shared_cheap_ops(
+    c: &crate::ir::Computation,
+    emitted: &HashSet<i64>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
+) -> HashSet<i64> {
+    let fusible = |i: &HloInstructionProto| {
+        emitted.contains(&i.id)
+            && i.control_predecessor_ids.is_empty()
+            && fusible_tiled(i, by_id)
+            && !next_to_copy(i, by_id, users)
+    };
+    let cheap = |i: &HloInstructionProto| {
+        Opcode::of(i).is_some_and(|op| {
+            op.is_elementwise()
+                && op.class() != Class::Collective
+                && !matches!(
+                    op,
+                    Opcode::Divide
+                        | Opcode::Remainder
+                        | Opcode::Power
+                        | Opcode::Exponential
+                        | Opcode::ExponentialMinusOne
+                        | Opcode::Log
+                        | Opcode::LogPlusOne
+                        | Opcode::Sqrt
+                        | Opcode::Rsqrt
+                        | Opcode::Cbrt
+                        | Opcode::Tanh
+                        | Opcode::Logistic
+                )
+        })
+    };
+    let mut shared: HashSet<i64> = HashSet::default();
+    for i in c.instructions().iter().rev() {
+        let Some(us) = users.get(&InstrId(i.id)) else {
+            continue;
+        };
+        let taken = cheap(i)
+            && fusible(i)
+            && (us.len() > 1 || us.iter().any(|u| shared.contains(&u.0)))
+            && us.iter().all(|u| {
+                shared.contains(&u.0)
+                    || by_id
+                        .get(&u.0)
+                        .is_some_and(|u| fusible(u) && !is(u, Opcode::Broadcast))
+            });
+        if taken {
+            shared.insert(i.id);
+        }
+    }
+    shared
 }
 
 /// Outlines the fusible instructions among `emitted` (ids in computation
@@ -254,15 +327,14 @@ fn fuse_emitted(
     };
     let by_id: HashMap<i64, &HloInstructionProto> =
         c.instructions().iter().map(|i| (i.id, i)).collect();
-    let copied = copied_ops(c, emitted, &by_id, rules);
-    let group = fusion_groups(c, emitted, &by_id, &copied, rules);
+    let users = c.users();
+    let copied = copied_ops(c, emitted, &by_id, &users, rules);
+    let group = fusion_groups(c, emitted, &by_id, &copied, &users, rules);
     let members = members_by_root(c, &group);
-    let roots = fusion_roots(c, &members, &by_id, &copied);
-    // Past XLA:TPU's tiling a row-major reshape is no bitcast: the tiles
-    // pad the arrays differently.
+    let roots = fusion_roots(c, &members, &by_id, &copied, rules);
     let bitcasts = match rules {
         Rules::Fused => reshapes_to_bitcast(c, emitted, &group, &members, &by_id),
-        Rules::Tiled => Vec::new(),
+        Rules::Tiled => tiled_reshapes_to_bitcast(c, emitted, &by_id),
     };
     let root_of_comp = c.root_id().0;
 
@@ -292,29 +364,16 @@ fn fusion_groups(
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
     rules: Rules,
 ) -> HashMap<i64, i64> {
     let root_of_comp = c.root_id().0;
-    let users = c.users();
-    // libtpu folds a layout-changing copy into the fusion beside it, and
-    // its emitter aborts on the fusion that makes ("TransformWindow: Loop
-    // will not make progress"): past its tiling nothing next to a copy is
-    // fused.
-    let next_to_copy = |i: &HloInstructionProto| {
-        i.operand_ids
-            .iter()
-            .any(|o| by_id.get(o).is_some_and(|o| is(o, Opcode::Copy)))
-            || users.get(&InstrId(i.id)).is_some_and(|us| {
-                us.iter()
-                    .any(|u| by_id.get(&u.0).is_some_and(|u| is(u, Opcode::Copy)))
-            })
-    };
     let eligible = |id: i64| {
         emitted.contains(&id)
             && by_id.get(&id).is_some_and(|i| {
                 fusible(i, by_id, rules)
                     && i.control_predecessor_ids.is_empty()
-                    && !(rules == Rules::Tiled && next_to_copy(i))
+                    && !(rules == Rules::Tiled && next_to_copy(i, by_id, users))
             })
     };
     let mut group: HashMap<i64, i64> = HashMap::default();
@@ -342,6 +401,24 @@ fn fusion_groups(
         }
     }
     group
+}
+
+/// Whether `i` reads or feeds a `copy`. libtpu folds a layout-changing
+/// copy into the fusion beside it, and its emitter aborts on the fusion
+/// that makes ("TransformWindow: Loop will not make progress"): past its
+/// tiling nothing next to a copy is fused.
+fn next_to_copy(
+    i: &HloInstructionProto,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
+) -> bool {
+    i.operand_ids
+        .iter()
+        .any(|o| by_id.get(o).is_some_and(|o| is(o, Opcode::Copy)))
+        || users.get(&InstrId(i.id)).is_some_and(|us| {
+            us.iter()
+                .any(|u| by_id.get(&u.0).is_some_and(|u| is(u, Opcode::Copy)))
+        })
 }
 
 /// Each group's members, in instruction order, by the group's root.
@@ -376,11 +453,17 @@ fn fusion_roots(
     members: &HashMap<i64, Vec<i64>>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
+    rules: Rules,
 ) -> Vec<i64> {
     let reads_broadcast = |m: &[i64]| {
         m.iter().any(|id| {
             by_id[id].operand_ids.iter().any(|o| {
-                copied.contains(o) && by_id.get(o).is_some_and(|i| is(i, Opcode::Broadcast))
+                copied.contains(o)
+                    && by_id.get(o).is_some_and(|i| {
+                        is(i, Opcode::Broadcast)
+                            || (rules == Rules::Tiled
+                                && Opcode::of(i).is_some_and(Opcode::is_elementwise))
+                    })
             })
         })
     };
@@ -416,6 +499,30 @@ fn reshapes_to_bitcast(
                     .first()
                     .and_then(|o| by_id.get(o))
                     .is_some_and(|o| row_major(o) && row_major(i))
+        })
+        .map(|i| i.id)
+        .collect()
+}
+
+/// Past XLA:TPU's tiling, the emitted reshapes that only regroup whole
+/// tile rows ([`shape::tiled_reshape_is_bitcast`]); any other reshape
+/// there is a copy, since the tiles pad its two sides differently.
+fn tiled_reshapes_to_bitcast(
+    c: &crate::ir::Computation,
+    emitted: &HashSet<i64>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+) -> Vec<i64> {
+    c.instructions()
+        .iter()
+        .filter(|i| {
+            is(i, Opcode::Reshape)
+                && emitted.contains(&i.id)
+                && i.operand_ids
+                    .first()
+                    .and_then(|o| by_id.get(o))
+                    .and_then(|o| o.shape.as_ref())
+                    .zip(i.shape.as_ref())
+                    .is_some_and(|(from, to)| shape::tiled_reshape_is_bitcast(from, to))
         })
         .map(|i| i.id)
         .collect()

@@ -149,13 +149,19 @@ impl Emitter<'_, '_, '_> {
         let groups = parts.groups.clone();
         let dims = array.dims().to_vec();
         let rows = dims[0] / p;
+        // Tiled for XLA:TPU, an array of rank over 2 goes as it is, split
+        // along its major dimension: libtpu's own form, with no slices to
+        // send and no concatenate to receive (untiled, the emission that
+        // falls back from tiles libtpu is not known to take, its emitter
+        // refuses it: `all_to_all_emitter.cc`).
+        if self.b.tiled_for_tpu() && dims.len() >= 3 {
+            return self.b.all_to_all(array, 0, &groups, channel);
+        }
         if matches!(self.inputs.stage, Stage::Fused | Stage::Tiled) {
             // XLA:CPU decomposes array all-to-alls into the tuple form early
             // in its pipeline and runs only that form; past that point the
-            // parts are sent as a tuple, each a run of the array's rows.
-            // XLA:TPU's array all-to-all needs the tiled layout its layout
-            // assignment gives (`all_to_all_emitter.cc` refuses an untiled
-            // one); past that the tuple form is what it takes.
+            // parts are sent as a tuple, each a run of the array's rows. So
+            // does XLA:TPU's emission where it is untiled, or of rank 2.
             let pieces: Vec<Value> = (0..p)
                 .map(|k| self.major_rows(array, k * rows, (k + 1) * rows))
                 .collect();
