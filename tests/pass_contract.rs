@@ -626,8 +626,8 @@ fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
     // At XLA:TPU's hook every emitted op would be a kernel of its own, so
     // equarx outlines its elementwise chains into loop fusions; libtpu's
     // fusion emitter aborts on an untiled array, a reshape or a broadcast
-    // along new dimensions inside one, or one beside a layout-changing
-    // copy (which libtpu folds in).
+    // along new dimensions but one new minor one inside one, or one beside
+    // a layout-changing copy (which libtpu folds in).
     fn tiled(s: &ShapeProto) -> bool {
         s.dimensions.is_empty() || s.layout.as_ref().is_some_and(|l| !l.tiles.is_empty())
     }
@@ -663,11 +663,19 @@ fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
                 "{name} holds a {}",
                 i.opcode
             );
-            if i.opcode == "broadcast" {
+            if i.opcode == "broadcast" && !i.dimensions.is_empty() {
+                // A block's scale spread along a new minor dimension, read
+                // from a parameter: libtpu aborts on ops over the smaller
+                // shape inside the fusion.
+                let read = body.iter().find(|o| o.id == i.operand_ids[0]).unwrap();
+                let rank = read.shape.as_ref().unwrap().dimensions.len();
                 assert!(
-                    i.dimensions.is_empty(),
-                    "{name}: {} broadcasts an array",
-                    i.name
+                    read.opcode == "parameter"
+                        && s.dimensions.len() == rank + 1
+                        && i.dimensions.iter().copied().eq(0..rank as i64),
+                    "{name}: {} broadcasts {} otherwise than along one new minor dimension",
+                    i.name,
+                    read.name
                 );
             }
             if i.opcode == "constant" {

@@ -20,12 +20,13 @@
 //! Past XLA:TPU's layout assignment ([`Stage::Tiled`], its pre-scheduler
 //! hook) libtpu's fusion emitter takes less, and aborts the process on
 //! what it does not take (`fusion_util.cc`: "TransformWindow: Loop will not
-//! make progress" for a reshape, a slice or a broadcast along new
-//! dimensions inside a fusion of tiled arrays; a refusal for a
-//! concatenate or a constant array). There a fusion holds only
-//! elementwise ops over arrays of one shape, scalars and their
-//! broadcasts, and a reduce as its root ([`Rules::Tiled`]); everything
-//! else stays an op of its own. Two things make up for that there: a
+//! make progress" for a reshape, a slice, a broadcast along new
+//! dimensions other than one new minor one, or ops over two shapes inside
+//! a fusion of tiled arrays; a refusal for a concatenate or a constant
+//! array). There a fusion holds only elementwise ops over arrays of one
+//! shape, scalars and their broadcasts, a block's scale spread along its
+//! block from a parameter, and a reduce as its root ([`Rules::Tiled`]);
+//! everything else stays an op of its own. Two things make up for that there: a
 //! cheap elementwise op that several fusions read (a block's scale chain,
 //! the input's widening) is copied into each of them, as XLA's own fusion
 //! recomputes one, and a reshape that only regroups whole tile rows is a
@@ -161,12 +162,40 @@ fn fusible_tiled(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionPr
     match Opcode::of(i) {
         Some(Opcode::Reduce) => true,
         Some(Opcode::Constant | Opcode::Iota) => effectively_scalar(i),
-        Some(Opcode::Broadcast) => operand_dims().all(|d| d.is_empty()),
+        Some(Opcode::Broadcast) => {
+            operand_dims().all(|d| d.is_empty()) || spreads_along_a_new_minor_dimension(i, by_id)
+        }
         Some(op) if op.is_elementwise() && op.class() != Class::Collective => {
             operand_dims().all(|d| d.is_empty() || d == dims(i))
         }
         _ => false,
     }
+}
+
+/// A broadcast of a tiled array along one new minor dimension, its own
+/// dimensions kept in order: a block's scale spread over its block
+/// (`f32[n]{0:T(1024)}` to `f32[n,64]`, `f32[4,128]` to `f32[4,128,64]`),
+/// which libtpu's own quantize fuses. libtpu's emitter aborts on a fusion
+/// that also holds ops over the smaller shape ("TransformWindow: Loop will
+/// not make progress"), so the broadcast reads a fusion parameter
+/// ([`fusion_groups`]).
+fn spreads_along_a_new_minor_dimension(
+    i: &HloInstructionProto,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+) -> bool {
+    let rank = i
+        .operand_ids
+        .first()
+        .and_then(|o| by_id.get(o))
+        .and_then(|o| {
+            o.shape
+                .as_ref()
+                .filter(|s| s.layout.as_ref().is_some_and(|l| !l.tiles.is_empty()))
+                .map(|s| s.dimensions.len())
+        });
+    rank.is_some_and(|r| {
+        r >= 1 && dims(i).len() == r + 1 && i.dimensions.iter().copied().eq(0..r as i64)
+    })
 }
 
 /// [`Rules::Fused`]: elementwise ops, the data movement a rewrite emits,
@@ -305,7 +334,7 @@ fn shared_cheap_ops(
                 shared.contains(&u.0)
                     || by_id
                         .get(&u.0)
-                        .is_some_and(|u| fusible(u) && !is(u, Opcode::Broadcast))
+                        .is_some_and(|u| fusible(u) && dims(u) == dims(i))
             });
         if taken {
             shared.insert(i.id);
@@ -389,6 +418,12 @@ fn fusion_groups(
                 || copied.contains(&op)
                 || is(p, Opcode::Reduce)
                 || op == root_of_comp
+                // Past XLA:TPU's tiling a fusion computes over one shape
+                // but for its scalars and a reduce's input (module doc).
+                || (rules == Rules::Tiled
+                    && !is(instr, Opcode::Reduce)
+                    && !effectively_scalar(p)
+                    && dims(p) != dims(instr))
             {
                 continue;
             }
