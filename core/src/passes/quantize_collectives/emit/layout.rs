@@ -360,6 +360,14 @@ impl Emitter<'_, '_, '_> {
         let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
         if ty == PrimitiveType::F32 {
             self.b.reshape_to(v, result)
+        } else if self.b.tiled_for_tpu() && v.dims().last().is_some_and(|&n| n >= 64) {
+            // Narrowed first: under libtpu's tiles the reshape is a
+            // relayout, of half the bytes so, and the convert joins the
+            // fusion that made `v` (blocks, or rows of 128: a narrower
+            // minor dimension pads every row to 128 lanes, and a convert
+            // of that would touch more than the result).
+            let v = self.b.convert(v, ty);
+            self.b.reshape_to(&v, result)
         } else {
             let v = self.b.reshape(v, &result.dimensions);
             self.b.convert_to(&v, result)
