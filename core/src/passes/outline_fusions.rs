@@ -172,13 +172,15 @@ fn fusible_tiled(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionPr
     }
 }
 
-/// A broadcast of a tiled array along one new minor dimension, its own
-/// dimensions kept in order: a block's scale spread over its block
-/// (`f32[n]{0:T(1024)}` to `f32[n,64]`, `f32[4,128]` to `f32[4,128,64]`),
-/// which libtpu's own quantize fuses. libtpu's emitter aborts on a fusion
-/// that also holds ops over the smaller shape ("TransformWindow: Loop will
-/// not make progress"), so the broadcast reads a fusion parameter
-/// ([`fusion_groups`]).
+/// A broadcast of a tiled array of rank 2 or more along one new minor
+/// dimension, its own dimensions kept in order: a block's scale spread
+/// over its block (`f32[4,128]` to `f32[4,128,64]`), which libtpu's own
+/// quantize fuses. libtpu's emitter aborts on a fusion that also holds ops
+/// over the smaller shape ("TransformWindow: Loop will not make
+/// progress"), so the broadcast reads a fusion parameter
+/// ([`fusion_groups`]). A vector's (`f32[n]{0:T(1024)}` to `f32[n,64]`)
+/// compiles, but slower than the kernel it saves (an 8 MiB psum 1.3 s
+/// against 1.1 s), and stays outside.
 fn spreads_along_a_new_minor_dimension(
     i: &HloInstructionProto,
     by_id: &HashMap<i64, &HloInstructionProto>,
@@ -194,7 +196,7 @@ fn spreads_along_a_new_minor_dimension(
                 .map(|s| s.dimensions.len())
         });
     rank.is_some_and(|r| {
-        r >= 1 && dims(i).len() == r + 1 && i.dimensions.iter().copied().eq(0..r as i64)
+        r >= 2 && dims(i).len() == r + 1 && i.dimensions.iter().copied().eq(0..r as i64)
     })
 }
 
