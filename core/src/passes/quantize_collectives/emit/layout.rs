@@ -127,12 +127,25 @@ impl Emitter<'_, '_, '_> {
     /// [`Self::norm_folded`]), emitted once per computation: it is
     /// symmetric, so the inverse rotation reads it too. Its literal is s8 (a
     /// quarter of an f32 literal's bytes in the module; XLA folds the
-    /// convert, and the norm's multiply of the small matrix).
+    /// convert, and the norm's multiply of the small matrix), but past
+    /// XLA:TPU's tiling, where nothing folds them any more, an f32 literal
+    /// of the same values.
     pub(super) fn hadamard(&mut self) -> Value {
         if let Some(h) = &self.hadamard {
             return h.clone();
         }
         let bl = self.plan().block();
+        if self.inputs.stage == Stage::Tiled && self.norm_folded() {
+            // Past libtpu's constant folding the widening would be a
+            // kernel every op runs: the f32 matrix itself instead.
+            let norm = hadamard_norm(bl);
+            let entries: Vec<f32> = (0..bl * bl)
+                .map(|i| hadamard_sign(i / bl, i % bl) * norm)
+                .collect();
+            let h = self.b.f32_array(&entries, &[bl as i64, bl as i64]);
+            self.hadamard = Some(h.clone());
+            return h;
+        }
         let entries: Vec<i8> = (0..bl * bl)
             .map(|i| hadamard_sign(i / bl, i % bl) as i8)
             .collect();
