@@ -374,8 +374,20 @@ impl<'m> Builder<'m> {
         if x.dims() == dims && x.shape.layout == shape::array(PrimitiveType::F32, dims).layout {
             return x.clone();
         }
-        let source = self
-            .out
+        let source = self.reshaped_source(x);
+        let x = source.as_ref().unwrap_or(x);
+        if x.dims() == dims {
+            return x.clone();
+        }
+        self.add(
+            Self::op_with_shape(Opcode::Reshape, shape::with_dims(&x.shape, dims)),
+            &[x],
+        )
+    }
+
+    /// What `x` reshapes, when `x` is a reshape this builder made.
+    pub fn reshaped_source(&self, x: &Value) -> Option<Value> {
+        self.out
             .iter()
             .rev()
             .find(|i| i.id == x.id.0)
@@ -392,15 +404,7 @@ impl<'m> Builder<'m> {
                     id: InstrId(i.id),
                     shape: s,
                 })
-            });
-        let x = source.as_ref().unwrap_or(x);
-        if x.dims() == dims {
-            return x.clone();
-        }
-        self.add(
-            Self::op_with_shape(Opcode::Reshape, shape::with_dims(&x.shape, dims)),
-            &[x],
-        )
+            })
     }
 
     /// `transpose(x)`: output dimension i is operand dimension `perm[i]`.

@@ -32,9 +32,15 @@ impl Emitter<'_, '_, '_> {
         // blocks are viewed `[nb/128, 128, B]`, the view that sum comes
         // from: the owned blocks then need no relayout to `[nb, B]`
         // (BENCHMARKS.md, "The gather's blocks in rows of 128 on XLA:TPU").
-        // After a ring the view would cost relayouts instead.
-        let view = (from_parts && nb % 128 == 0 && plan.config.gather == GatherForm::AllGather)
-            .then_some([nb / 128, 128]);
+        // After a ring the view would cost relayouts instead. Past XLA:TPU's
+        // tiling the view is a bitcast of the owned blocks, and the scales
+        // as rows of 128 spread along their blocks inside the codes' and
+        // the dequantize's fusions, where a vector's spread is a kernel of
+        // its own (`outline_fusions`).
+        let tiled = self.b.tiled_for_tpu();
+        let view =
+            ((from_parts || tiled) && nb % 128 == 0 && plan.config.gather == GatherForm::AllGather)
+                .then_some([nb / 128, 128]);
         let blocks = match view {
             Some([rows, lanes]) => self.b.reshape(&blocks, &[rows, lanes, bl]),
             None => blocks,

@@ -373,13 +373,19 @@ impl Emitter<'_, '_, '_> {
         let ty = PrimitiveType::try_from(result.element_type).unwrap_or(PrimitiveType::F32);
         if ty == PrimitiveType::F32 {
             self.b.reshape_to(v, result)
-        } else if self.b.tiled_for_tpu() && v.dims().last().is_some_and(|&n| n >= 64) {
-            // Narrowed first: under libtpu's tiles the reshape is a
-            // relayout, of half the bytes so, and the convert joins the
-            // fusion that made `v` (blocks, or rows of 128: a narrower
-            // minor dimension pads every row to 128 lanes, and a convert
-            // of that would touch more than the result).
-            let v = self.b.convert(v, ty);
+        } else if let Some(v) = self
+            .b
+            .tiled_for_tpu()
+            .then(|| self.b.reshaped_source(v).unwrap_or_else(|| v.clone()))
+            .filter(|v| v.dims().last().is_some_and(|&n| n >= 64))
+        {
+            // Narrowed first, before any view of it: under libtpu's tiles
+            // the reshape is a relayout, of half the bytes so, and the
+            // convert joins the fusion that made the values (blocks, or
+            // rows of 128: a narrower minor dimension pads every row to 128
+            // lanes, and a convert of that would touch more than the
+            // result).
+            let v = self.b.convert(&v, ty);
             self.b.reshape_to(&v, result)
         } else {
             let v = self.b.reshape(v, &result.dimensions);
