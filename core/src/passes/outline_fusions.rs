@@ -363,10 +363,7 @@ fn fuse_emitted(
     let group = fusion_groups(c, emitted, &by_id, &copied, &users, rules);
     let members = members_by_root(c, &group);
     let roots = fusion_roots(c, &members, &by_id, &copied, rules);
-    let bitcasts = match rules {
-        Rules::Fused => reshapes_to_bitcast(c, emitted, &group, &members, &by_id),
-        Rules::Tiled => tiled_reshapes_to_bitcast(c, emitted, &by_id),
-    };
+    let bitcasts = reshapes_to_bitcast(c, emitted, &group, &members, &by_id, rules);
     let root_of_comp = c.root_id().0;
 
     let mut outlined = Vec::with_capacity(roots.len());
@@ -516,14 +513,25 @@ fn fusion_roots(
 /// Reshapes left outside every fusion whose layouts make them a
 /// reinterpretation of the same bytes: `bitcast`, as XLA's own simplifier
 /// has made every such reshape by this stage (a reshape left as it is runs
-/// as a copy).
+/// as a copy). Past XLA:TPU's tiling, only those that regroup whole tile
+/// rows ([`shape::tiled_reshape_is_bitcast`]): the tiles pad any other
+/// reshape's two sides differently.
 fn reshapes_to_bitcast(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
     group: &HashMap<i64, i64>,
     members: &HashMap<i64, Vec<i64>>,
     by_id: &HashMap<i64, &HloInstructionProto>,
+    rules: Rules,
 ) -> Vec<i64> {
+    let same_bytes = |from: &HloInstructionProto, to: &HloInstructionProto| match rules {
+        Rules::Fused => row_major(from) && row_major(to),
+        Rules::Tiled => from
+            .shape
+            .as_ref()
+            .zip(to.shape.as_ref())
+            .is_some_and(|(f, t)| shape::tiled_reshape_is_bitcast(f, t)),
+    };
     c.instructions()
         .iter()
         .filter(|i| {
@@ -535,31 +543,7 @@ fn reshapes_to_bitcast(
                 && i.operand_ids
                     .first()
                     .and_then(|o| by_id.get(o))
-                    .is_some_and(|o| row_major(o) && row_major(i))
-        })
-        .map(|i| i.id)
-        .collect()
-}
-
-/// Past XLA:TPU's tiling, the emitted reshapes that only regroup whole
-/// tile rows ([`shape::tiled_reshape_is_bitcast`]); any other reshape
-/// there is a copy, since the tiles pad its two sides differently.
-fn tiled_reshapes_to_bitcast(
-    c: &crate::ir::Computation,
-    emitted: &HashSet<i64>,
-    by_id: &HashMap<i64, &HloInstructionProto>,
-) -> Vec<i64> {
-    c.instructions()
-        .iter()
-        .filter(|i| {
-            is(i, Opcode::Reshape)
-                && emitted.contains(&i.id)
-                && i.operand_ids
-                    .first()
-                    .and_then(|o| by_id.get(o))
-                    .and_then(|o| o.shape.as_ref())
-                    .zip(i.shape.as_ref())
-                    .is_some_and(|(from, to)| shape::tiled_reshape_is_bitcast(from, to))
+                    .is_some_and(|o| same_bytes(o, i))
         })
         .map(|i| i.id)
         .collect()
