@@ -297,12 +297,7 @@ fn shared_cheap_ops(
     by_id: &HashMap<i64, &HloInstructionProto>,
     users: &HashMap<InstrId, Vec<InstrId>>,
 ) -> HashSet<i64> {
-    let fusible = |i: &HloInstructionProto| {
-        emitted.contains(&i.id)
-            && i.control_predecessor_ids.is_empty()
-            && fusible_tiled(i, by_id)
-            && !next_to_copy(i, by_id, users)
-    };
+    let fusible = |i: &HloInstructionProto| eligible(i, emitted, by_id, users, Rules::Tiled);
     let cheap = |i: &HloInstructionProto| {
         Opcode::of(i).is_some_and(|op| {
             op.is_elementwise()
@@ -397,12 +392,9 @@ fn fusion_groups(
 ) -> HashMap<i64, i64> {
     let root_of_comp = c.root_id().0;
     let eligible = |id: i64| {
-        emitted.contains(&id)
-            && by_id.get(&id).is_some_and(|i| {
-                fusible(i, by_id, rules)
-                    && i.control_predecessor_ids.is_empty()
-                    && !(rules == Rules::Tiled && next_to_copy(i, by_id, users))
-            })
+        by_id
+            .get(&id)
+            .is_some_and(|i| eligible(i, emitted, by_id, users, rules))
     };
     let mut group: HashMap<i64, i64> = HashMap::default();
     for instr in c.instructions().iter().rev() {
@@ -435,6 +427,22 @@ fn fusion_groups(
         }
     }
     group
+}
+
+/// Whether `i`, an instruction equarx emitted, may join a fusion under
+/// `rules`: fusible, with no control predecessor, and past XLA:TPU's
+/// tiling not next to a copy.
+fn eligible(
+    i: &HloInstructionProto,
+    emitted: &HashSet<i64>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
+    rules: Rules,
+) -> bool {
+    emitted.contains(&i.id)
+        && fusible(i, by_id, rules)
+        && i.control_predecessor_ids.is_empty()
+        && !(rules == Rules::Tiled && next_to_copy(i, by_id, users))
 }
 
 /// Whether `i` reads or feeds a `copy`. libtpu folds a layout-changing
