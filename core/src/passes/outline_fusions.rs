@@ -488,8 +488,9 @@ fn only_reshapes(members: &[i64], by_id: &HashMap<i64, &HloInstructionProto>) ->
 /// The roots of the groups that become fusions, in instruction order. A
 /// single op stays as it is, unless it reads a broadcast that would
 /// otherwise be made into a buffer of its own (a constant spread over the
-/// op's shape): fused, the broadcast is copied in and never written out.
-/// Groups of reshapes alone stay out, and become bitcasts.
+/// op's shape), or under [`Rules::Tiled`] a shared cheap op
+/// ([`shared_cheap_ops`]): fused, what it reads is copied in and never
+/// written out. Groups of reshapes alone stay out, and become bitcasts.
 fn fusion_roots(
     c: &crate::ir::Computation,
     members: &HashMap<i64, Vec<i64>>,
@@ -497,7 +498,7 @@ fn fusion_roots(
     copied: &HashSet<i64>,
     rules: Rules,
 ) -> Vec<i64> {
-    let reads_broadcast = |m: &[i64]| {
+    let reads_copied_work = |m: &[i64]| {
         m.iter().any(|id| {
             by_id[id].operand_ids.iter().any(|o| {
                 copied.contains(o)
@@ -511,7 +512,7 @@ fn fusion_roots(
     };
     let mut roots: Vec<i64> = members
         .iter()
-        .filter(|(_, m)| (m.len() > 1 || reads_broadcast(m)) && !only_reshapes(m, by_id))
+        .filter(|(_, m)| (m.len() > 1 || reads_copied_work(m)) && !only_reshapes(m, by_id))
         .map(|(&r, _)| r)
         .collect();
     roots.sort_unstable_by_key(|r| c.position(InstrId(*r)));
