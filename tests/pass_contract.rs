@@ -625,9 +625,10 @@ fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
 fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
     // At XLA:TPU's hook every emitted op would be a kernel of its own, so
     // equarx outlines its elementwise chains into loop fusions; libtpu's
-    // fusion emitter aborts on an untiled array, a reshape or a broadcast
-    // along new dimensions but one new minor one inside one, or one beside
-    // a layout-changing copy (which libtpu folds in).
+    // fusion emitter aborts on an untiled array, a reshape, a slice but of
+    // a parameter's major rows, or a broadcast along new dimensions but one
+    // new minor one inside one, or one beside a layout-changing copy (which
+    // libtpu folds in).
     fn tiled(s: &ShapeProto) -> bool {
         s.dimensions.is_empty() || s.layout.as_ref().is_some_and(|l| !l.tiles.is_empty())
     }
@@ -658,11 +659,26 @@ fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
             let s = i.shape.as_ref().expect("a shape");
             assert!(tiled(s), "{name}: {} {s:?} untiled", i.name);
             assert!(
-                !["reshape", "bitcast", "slice", "concatenate", "copy", "pad"]
-                    .contains(&i.opcode.as_str()),
+                !["reshape", "bitcast", "concatenate", "copy", "pad"].contains(&i.opcode.as_str()),
                 "{name} holds a {}",
                 i.opcode
             );
+            if i.opcode == "slice" {
+                // Rows of the major dimension of a parameter, as libtpu's
+                // own fusion reads an exchange's halves.
+                let read = body.iter().find(|o| o.id == i.operand_ids[0]).unwrap();
+                let whole = &read.shape.as_ref().unwrap().dimensions;
+                assert!(
+                    read.opcode == "parameter"
+                        && i.slice_dimensions[1..]
+                            .iter()
+                            .zip(&whole[1..])
+                            .all(|(d, &n)| d.start == 0 && d.limit == n && d.stride == 1),
+                    "{name}: {} slices {} otherwise than along its major dimension",
+                    i.name,
+                    read.name
+                );
+            }
             if i.opcode == "broadcast" && !i.dimensions.is_empty() {
                 // A block's scale spread along a new minor dimension, read
                 // from a parameter: libtpu aborts on ops over the smaller
@@ -689,6 +705,35 @@ fn past_xla_tpu_tiling_the_emission_is_tiled_and_fused_where_libtpu_takes_it() {
     }
     let by_id = instructions(&r.module);
     let all: Vec<&HloInstructionProto> = by_id.values().copied().collect();
+    // A block's reciprocal scale and its wire bits: one multi-output fusion
+    // a quantize, the exchange's and the gather's.
+    let multi = all
+        .iter()
+        .filter(|i| i.opcode == "fusion" && i.shape.as_ref().is_some_and(shape::is_tuple))
+        .count();
+    assert_eq!(multi, 2, "multi-output fusions");
+    // The rotation's products read the bf16 input and the gathered s8
+    // codes as they are: no widening kernel before either.
+    let products: Vec<Vec<i32>> = all
+        .iter()
+        .filter(|i| i.opcode == "fusion" && i.fusion_kind == "kOutput")
+        .map(|i| {
+            i.operand_ids
+                .iter()
+                .map(|o| by_id[o].shape.as_ref().unwrap().element_type)
+                .collect()
+        })
+        .collect();
+    let (bf16, s8) = (PrimitiveType::Bf16 as i32, PrimitiveType::S8 as i32);
+    assert_eq!(
+        products.len(),
+        2,
+        "the rotation and its inverse: {products:?}"
+    );
+    assert!(
+        products.contains(&vec![bf16, bf16]) && products.contains(&vec![s8, s8]),
+        "product operand types {products:?}"
+    );
     for i in all.iter().filter(|i| i.opcode == "copy") {
         let read = by_id[&i.operand_ids[0]];
         assert_ne!(

@@ -228,7 +228,101 @@ fn for_xla_cpu(module: &HloModuleProto, tiled: bool) -> std::borrow::Cow<'_, Hlo
             i.opcode = "reshape".into();
         }
     }
+    split_multi_output_fusions(&mut m);
     std::borrow::Cow::Owned(m)
+}
+
+/// Each multi-output loop fusion of `m` as one fusion an output, each
+/// calling a copy of the body rooted at that output, and its
+/// `get-tuple-element`s as those fusions: the same values. XLA:CPU, which
+/// compiles the tiled module from its start, aborts on a multi-output
+/// fusion it did not make (`GetWorkDimensions`: "Check failed:
+/// has_layout()").
+fn split_multi_output_fusions(m: &mut HloModuleProto) {
+    use equarx::proto::{HloComputationProto, HloInstructionProto};
+    use std::collections::HashMap;
+    let is_tuple =
+        |i: &HloInstructionProto| i.shape.as_ref().is_some_and(|s| !s.tuple_shapes.is_empty());
+    let bodies: HashMap<i64, HloComputationProto> =
+        m.computations.iter().map(|c| (c.id, c.clone())).collect();
+    // XLA reads an id's low 32 bits as its place in its computation.
+    let local = |id: i64| id & 0xffff_ffff;
+    let mut next_comp = 1 + m.computations.iter().map(|c| c.id).max().unwrap_or(0);
+    let mut added: Vec<HloComputationProto> = Vec::new();
+    for c in &mut m.computations {
+        let mut next_local = 1 + c
+            .instructions
+            .iter()
+            .map(|i| local(i.id))
+            .max()
+            .unwrap_or(0);
+        // (fusion id, output) → the fusion of that output alone.
+        let mut alone: HashMap<(i64, i64), i64> = HashMap::new();
+        let mut replace: HashMap<i64, i64> = HashMap::new();
+        let mut out: Vec<HloInstructionProto> = Vec::with_capacity(c.instructions.len());
+        for i in std::mem::take(&mut c.instructions) {
+            let body = i.called_computation_ids.first().and_then(|b| bodies.get(b));
+            match body {
+                Some(body) if i.opcode == "fusion" && is_tuple(&i) => {
+                    let Some(root) = body.instructions.iter().find(|r| r.id == body.root_id) else {
+                        out.push(i);
+                        continue;
+                    };
+                    for (k, &element) in root.operand_ids.iter().enumerate() {
+                        let mut b = body.clone();
+                        b.id = next_comp;
+                        next_comp += 1;
+                        let ids: HashMap<i64, i64> = b
+                            .instructions
+                            .iter()
+                            .zip(1..)
+                            .map(|(x, n)| (x.id, (b.id << 32) | n))
+                            .collect();
+                        b.instructions.retain(|x| x.id != body.root_id);
+                        for x in &mut b.instructions {
+                            x.id = ids[&x.id];
+                            x.name = format!("{}.out{k}", x.name);
+                            x.operand_ids.iter_mut().for_each(|o| *o = ids[o]);
+                        }
+                        b.name = format!("{}.out{k}", b.name);
+                        b.root_id = ids[&element];
+                        let shape = i.shape.as_ref().map(|s| s.tuple_shapes[k].clone());
+                        if let Some(p) = b.program_shape.as_mut() {
+                            p.result = shape.clone();
+                        }
+                        let mut f = i.clone();
+                        f.id = (c.id << 32) | next_local;
+                        next_local += 1;
+                        f.name = format!("{}.out{k}", i.name);
+                        f.shape = shape;
+                        f.called_computation_ids = vec![b.id];
+                        alone.insert((i.id, k as i64), f.id);
+                        added.push(b);
+                        out.push(f);
+                    }
+                }
+                _ => match i.operand_ids.first() {
+                    Some(o)
+                        if i.opcode == "get-tuple-element"
+                            && alone.contains_key(&(*o, i.tuple_index)) =>
+                    {
+                        replace.insert(i.id, alone[&(*o, i.tuple_index)]);
+                    }
+                    _ => out.push(i),
+                },
+            }
+        }
+        for x in &mut out {
+            x.operand_ids
+                .iter_mut()
+                .for_each(|o| *o = *replace.get(o).unwrap_or(o));
+        }
+        c.root_id = *replace.get(&c.root_id).unwrap_or(&c.root_id);
+        c.instructions = out;
+    }
+    // Callees come first.
+    added.extend(std::mem::take(&mut m.computations));
+    m.computations = added;
 }
 
 pub fn prepare(file: &CaseFile, spec: &TestSpec) -> Result<Prepared, String> {

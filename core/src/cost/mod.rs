@@ -109,18 +109,20 @@ const TPU_KERNELS: Kernels = Kernels {
 
 /// XLA:TPU at its pre-scheduler hook (libtpu 0.0.42.1, v5e:2x2), where
 /// the module is tiled and fused: equarx's own loop fusions (elementwise
-/// chains and their reduces) and the rotation's fused product are a
-/// kernel each, every other op it emits is a kernel of its own. The
-/// ring's loop body and condition are 22 kernels for 2 lanes; 23 outside
-/// the loop, the gather (a phase) included; two-shot is 24 in all (before
-/// the array all-to-all, the scales apart, the shared scale chains, the
-/// scales spread inside the fusions and the gather's rows of 128: 30, 33
-/// and 56). The pass charges these at that stage
-/// (`QuantizeCollectives::new`).
+/// chains, an exchange's halves added, their reduces; a block's scale and
+/// its wire bits one multi-output fusion) and the rotation's fused
+/// product are a kernel each, every other op it emits is a kernel of its
+/// own. The ring's loop body and condition are 18 kernels for 2 lanes; 18
+/// outside the loop, the gather (a phase) included; two-shot is 14 in all
+/// (before the exchange's sum, the scales' decode and the multi-output
+/// scales joined fusions and the rotation's products took bf16 values
+/// and s8 codes as they are: 22, 23 and 24; before the array all-to-all
+/// and the shared scale chains: 30, 33 and 56). The pass charges these at
+/// that stage (`QuantizeCollectives::new`).
 pub const TPU_HOOK_KERNELS: Kernels = Kernels {
-    ring_hop: 11.0,
+    ring_hop: 9.0,
     ring_phase: 11.0,
-    phase: 12.0,
+    phase: 7.0,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled at its hook",
 };
 

@@ -246,6 +246,18 @@ impl<'m> Builder<'m> {
         })
     }
 
+    /// A bf16 array constant of `v` (each rounded to bf16).
+    pub fn bf16_array(&mut self, v: &[f32], dims: &[i64]) -> Value {
+        self.constant(LiteralProto {
+            shape: Some(shape::array(PrimitiveType::Bf16, dims)),
+            bf16s: v
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            ..Default::default()
+        })
+    }
+
     pub fn f32_scalar(&mut self, v: f32) -> Value {
         self.constant(LiteralProto {
             shape: Some(shape::scalar(PrimitiveType::F32)),
@@ -590,7 +602,13 @@ impl<'m> Builder<'m> {
     pub fn fused_product(&mut self, lhs: &Value, rhs: &Value, precision: Precision) -> Value {
         use crate::proto::{ConvolutionDimensionNumbers, Window};
         let (rows, n) = (lhs.dims()[0], rhs.dims()[1]);
-        let out = shape::array(PrimitiveType::F32, &[rows, n]);
+        // Integer operands sum in s32, floating ones in f32.
+        let ty = if lhs.element_type() == PrimitiveType::S8 as i32 {
+            PrimitiveType::S32
+        } else {
+            PrimitiveType::F32
+        };
+        let out = shape::array(ty, &[rows, n]);
         let (ls, rs) = (lhs.shape.clone(), rhs.shape.clone());
         let o2 = out.clone();
         let comp = self.computation("equarx_product", &[ls, rs], move |b, p| {

@@ -20,17 +20,19 @@
 //! Past XLA:TPU's layout assignment ([`Stage::Tiled`], its pre-scheduler
 //! hook) libtpu's fusion emitter takes less, and aborts the process on
 //! what it does not take (`fusion_util.cc`: "TransformWindow: Loop will not
-//! make progress" for a reshape, a slice, a broadcast along new
-//! dimensions other than one new minor one, or ops over two shapes inside
-//! a fusion of tiled arrays; a refusal for a concatenate or a constant
-//! array). There a fusion holds only elementwise ops over arrays of one
-//! shape, scalars and their broadcasts, a block's scale spread along its
-//! block from a parameter, and a reduce as its root ([`Rules::Tiled`]);
-//! everything else stays an op of its own. Two things make up for that there: a
-//! cheap elementwise op that several fusions read (a block's scale chain,
-//! the input's widening) is copied into each of them, as XLA's own fusion
-//! recomputes one, and a reshape that only regroups whole tile rows is a
-//! `bitcast`.
+//! make progress" for a reshape, a broadcast along new dimensions other
+//! than one new minor one, or ops over two shapes inside a fusion of tiled
+//! arrays; a refusal for a concatenate or a constant array). There a
+//! fusion holds only elementwise ops over arrays of one shape, scalars and
+//! their broadcasts, a block's scale spread along its block and a run of
+//! rows of the major dimension, each from a parameter, and a reduce as its
+//! root ([`Rules::Tiled`]); everything else stays an op of its own. Three
+//! things make up for that there: a cheap elementwise op that several
+//! fusions read (a block's scale chain, the input's widening) is copied
+//! into each of them, as XLA's own fusion recomputes one; two fusions of
+//! elementwise ops over one shape that read the same operands (a block's
+//! reciprocal scale and its wire bits) are one multi-output fusion; and a
+//! reshape that only regroups whole tile rows is a `bitcast`.
 //!
 //! Only instructions equarx emitted are touched: those whose metadata
 //! names the collective they came from (`op_name` `equarx[...]`, which
@@ -107,7 +109,9 @@ enum Rules {
     /// the data movement a rewrite emits, reductions as roots.
     Fused,
     /// Past XLA:TPU's layout assignment: elementwise ops over arrays of one
-    /// shape, scalars and their broadcasts, reductions as roots.
+    /// shape, scalars and their broadcasts, a scale's spread and a
+    /// parameter's major rows, reductions as roots; siblings merged into
+    /// multi-output fusions.
     Tiled,
 }
 
@@ -165,6 +169,7 @@ fn fusible_tiled(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionPr
         Some(Opcode::Broadcast) => {
             operand_dims().all(|d| d.is_empty()) || spreads_along_a_new_minor_dimension(i, by_id)
         }
+        Some(Opcode::Slice) => takes_major_rows(i, by_id),
         Some(op) if op.is_elementwise() && op.class() != Class::Collective => {
             operand_dims().all(|d| d.is_empty() || d == dims(i))
         }
@@ -198,6 +203,25 @@ fn spreads_along_a_new_minor_dimension(
     rank.is_some_and(|r| {
         r >= 2 && dims(i).len() == r + 1 && i.dimensions.iter().copied().eq(0..r as i64)
     })
+}
+
+/// A slice of a run of a tiled array's major dimension, every other
+/// dimension whole: the halves an exchange adds, which libtpu's own fusion
+/// reads from the array it slices (a window along an untiled dimension).
+/// It reads a fusion parameter: the array sliced is of another shape
+/// ([`fusion_groups`]).
+fn takes_major_rows(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
+    let Some(from) = i.operand_ids.first().and_then(|o| by_id.get(o)) else {
+        return false;
+    };
+    let whole = dims(from);
+    whole.len() >= 2
+        && i.slice_dimensions.len() == whole.len()
+        && i.slice_dimensions.iter().all(|s| s.stride == 1)
+        && i.slice_dimensions[1..]
+            .iter()
+            .zip(&whole[1..])
+            .all(|(s, &d)| s.start == 0 && s.limit == d)
 }
 
 /// [`Rules::Fused`]: elementwise ops, the data movement a rewrite emits,
@@ -363,7 +387,10 @@ fn fuse_emitted(
 
     let mut outlined = Vec::with_capacity(roots.len());
     for root in roots {
-        outlined.push(outline(&by_id, &copied, &members[&root], root)?);
+        outlined.push(outline(&by_id, &copied, &members[&root], &[root])?);
+    }
+    if rules == Rules::Tiled {
+        outlined = merge_siblings(c, outlined, &by_id, &copied)?;
     }
     let changed = !outlined.is_empty() || !bitcasts.is_empty();
     if let Some(c) = module.computation_mut(comp) {
@@ -563,12 +590,30 @@ fn reshapes_to_bitcast(
 fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline>) {
     let mut edits = Edits::default();
     for o in outlined {
-        let fused = module.add_computation(o.body, true, Some(comp));
+        let Outline {
+            roots,
+            members,
+            params,
+            body,
+        } = o;
+        let fused = module.add_computation(body, true, Some(comp));
         let name = module.fresh_name("equarx_fusion");
+        if roots.len() > 1 {
+            let fusion = HloInstructionProto {
+                name,
+                opcode: Opcode::Fusion.as_str().into(),
+                fusion_kind: "kLoop".into(),
+                operand_ids: params,
+                called_computation_ids: vec![fused.0],
+                ..Default::default()
+            };
+            multi_output(module, comp, &mut edits, fusion, &roots, members);
+            continue;
+        }
         let Some(c) = module.computation_mut(comp) else {
             break;
         };
-        let Some(root) = c.get_mut(InstrId(o.root)) else {
+        let Some(root) = c.get_mut(InstrId(roots[0])) else {
             continue;
         };
         // The fusion takes the root's id and place: its users need no edit,
@@ -580,15 +625,107 @@ fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline
             shape: root.shape.take(),
             metadata: root.metadata.take(),
             fusion_kind: "kLoop".into(),
-            operand_ids: o.params,
+            operand_ids: params,
             called_computation_ids: vec![fused.0],
             ..Default::default()
         };
         edits
             .remove
-            .extend(o.members.into_iter().filter(|&m| m != o.root).map(InstrId));
+            .extend(members.into_iter().filter(|&m| m != roots[0]).map(InstrId));
     }
     module.apply(comp, edits);
+}
+
+/// `fusion` (a multi-output fusion of `roots`, in instruction order,
+/// its shape and id still to give) and a `get-tuple-element` a root go in
+/// before the first root, every use of a root becomes one of its element,
+/// and the `members` go. Every operand the fusion reads precedes the first
+/// root ([`merge_siblings`] merges groups that read the same ones).
+fn multi_output(
+    module: &mut Module,
+    comp: CompId,
+    edits: &mut Edits,
+    mut fusion: HloInstructionProto,
+    roots: &[i64],
+    members: Vec<i64>,
+) {
+    let Some(c) = module.computation(comp) else {
+        return;
+    };
+    let roots: Vec<HloInstructionProto> = roots
+        .iter()
+        .filter_map(|&r| c.get(InstrId(r)).cloned())
+        .collect();
+    let id = module.fresh_instr_id(comp);
+    fusion.id = id.0;
+    fusion.shape = Some(shape::tuple(
+        roots.iter().filter_map(|r| r.shape.clone()).collect(),
+    ));
+    fusion.metadata = roots[0].metadata.clone();
+    let mut batch = vec![fusion];
+    for (k, r) in roots.iter().enumerate() {
+        let element = module.fresh_instr_id(comp);
+        batch.push(HloInstructionProto {
+            id: element.0,
+            name: module.fresh_name("get-tuple-element"),
+            opcode: Opcode::GetTupleElement.as_str().into(),
+            shape: r.shape.clone(),
+            metadata: r.metadata.clone(),
+            tuple_index: k as i64,
+            operand_ids: vec![id.0],
+            ..Default::default()
+        });
+        edits.replace.insert(InstrId(r.id), element);
+    }
+    edits.insert_before.insert(InstrId(roots[0].id), batch);
+    edits.remove.extend(members.into_iter().map(InstrId));
+}
+
+/// Under [`Rules::Tiled`], fusions of elementwise ops over one shape that
+/// read the same operands, merged in pairs into one multi-output fusion: a
+/// block's reciprocal scale and its wire bits, both of the block maxima.
+/// Past libtpu's fusion each was a kernel that read the same buffer.
+fn merge_siblings(
+    c: &crate::ir::Computation,
+    outlined: Vec<Outline>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    copied: &HashSet<i64>,
+) -> Result<Vec<Outline>, PassError> {
+    let key = |o: &Outline| {
+        let mut params = o.params.clone();
+        params.sort_unstable();
+        params.dedup();
+        let elementwise = o
+            .members
+            .iter()
+            .all(|m| by_id.get(m).is_some_and(|i| !is(i, Opcode::Reduce)));
+        (elementwise && !params.is_empty()).then(|| (params, dims(by_id[&o.roots[0]]).to_vec()))
+    };
+    let mut partner: HashMap<(Vec<i64>, Vec<i64>), usize> = HashMap::default();
+    let mut merged: Vec<Option<Outline>> = Vec::with_capacity(outlined.len());
+    for o in outlined {
+        let Some(k) = key(&o) else {
+            merged.push(Some(o));
+            continue;
+        };
+        match partner.remove(&k) {
+            Some(at) => {
+                let Some(first) = merged[at].take() else {
+                    continue;
+                };
+                let mut members = first.members.clone();
+                members.extend(&o.members);
+                members.sort_by_key(|&m| c.position(InstrId(m)));
+                let roots = [first.roots[0], o.roots[0]];
+                merged[at] = Some(outline(by_id, copied, &members, &roots)?);
+            }
+            None => {
+                partner.insert(k, merged.len());
+                merged.push(Some(o));
+            }
+        }
+    }
+    Ok(merged.into_iter().flatten().collect())
 }
 
 /// What the fusions copied in may be dead now, chains of it included: one
@@ -627,7 +764,9 @@ fn row_major(i: &HloInstructionProto) -> bool {
 /// One fusion to make: the fused computation (ids still to be assigned by
 /// [`Module::add_computation`]) and what the fusion instruction reads.
 struct Outline {
-    root: i64,
+    /// The roots (more than one for a multi-output fusion), in
+    /// instruction order.
+    roots: Vec<i64>,
     members: Vec<i64>,
     params: Vec<i64>,
     body: HloComputationProto,
@@ -637,7 +776,7 @@ fn outline(
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
     members: &[i64],
-    root: i64,
+    roots: &[i64],
 ) -> Result<Outline, PassError> {
     /// The fused computation under construction.
     struct Body<'a> {
@@ -715,21 +854,36 @@ fn outline(
             .collect::<Result<_, _>>()?;
         body.push(m, i);
     }
+    let (root_id, result) = match roots {
+        [root] => (body.local[root], by_id[root].shape.clone()),
+        _ => {
+            let shapes: Vec<_> = roots
+                .iter()
+                .filter_map(|r| by_id[r].shape.clone())
+                .collect();
+            let tuple = HloInstructionProto {
+                name: "tuple".into(),
+                opcode: Opcode::Tuple.as_str().into(),
+                shape: Some(shape::tuple(shapes.clone())),
+                operand_ids: roots.iter().map(|r| body.local[r]).collect(),
+                ..Default::default()
+            };
+            (body.push(-1, tuple), Some(shape::tuple(shapes)))
+        }
+    };
     let Body {
-        local,
         instrs: body,
         params,
         param_shapes,
         ..
     } = body;
-    let result = by_id[&root].shape.clone();
     Ok(Outline {
-        root,
+        roots: roots.to_vec(),
         members: members.to_vec(),
         params,
         body: HloComputationProto {
             name: "equarx_fused".into(),
-            root_id: local[&root],
+            root_id,
             program_shape: Some(ProgramShapeProto {
                 parameters: param_shapes,
                 result,

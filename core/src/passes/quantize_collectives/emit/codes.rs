@@ -374,32 +374,68 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn dequantize(&mut self, message: &Message) -> Value {
         let codes = self.code_values(&message.codes);
         let dims = codes.dims().to_vec();
-        let scale = self.b.broadcast(&message.scales, &dims, &lead_dims(&dims));
+        let scale = self.spread_scales(message, &dims);
         self.b.multiply(&codes, &scale)
     }
 
+    /// A message's scales spread over its blocks (f32 `dims`, `[.., B]`).
+    /// Past XLA:TPU's fusion with the scales apart on the wire, their bits
+    /// are spread and decoded there, elementwise at the blocks' shape: the
+    /// decode then joins the dequantize's fusion (the spread reads a
+    /// fusion parameter, `outline-fusions`), where decoded before the
+    /// spread it was a kernel of its own, one a dequantize. The same
+    /// values either way.
+    fn spread_scales(&mut self, message: &Message, dims: &[i64]) -> Value {
+        match &message.bits {
+            Some(bits) if self.b.tiled_for_tpu() => {
+                let spread = self.b.broadcast(bits, dims, &lead_dims(dims));
+                self.scale_of_bits(&spread)
+            }
+            _ => self.b.broadcast(&message.scales, dims, &lead_dims(dims)),
+        }
+    }
+
     /// Messages of rotated blocks → the values rotated back:
-    /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32.
+    /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32, and in
+    /// s32, where int8 codes go into the product as they are
+    /// ([`Self::rotates_narrow`]; their widening is then of the sums, in
+    /// the dequantize's fusion, and the norm a multiply by a power of two,
+    /// exact).
     pub(super) fn dequantize_rotated(&mut self, message: &Message) -> Value {
-        let codes = self.code_values(&message.codes);
+        let format = self.plan().config.format;
+        let integer_codes = float_type(format).is_none() && !format.packs_two_per_byte();
+        let narrow = self.rotates_narrow() && integer_codes;
+        let codes = if narrow {
+            message.codes.clone()
+        } else {
+            self.code_values(&message.codes)
+        };
         let dims = codes.dims().to_vec();
         let lead = dims[..dims.len() - 1].to_vec();
         let bl = self.plan().block();
-        let scale = message.scales.clone();
-        let h = self.hadamard();
+        let ty = PrimitiveType::try_from(codes.element_type()).unwrap_or(PrimitiveType::F32);
+        let h = self.hadamard(ty);
         // The product over the blocks as rows of a matrix: XLA:GPU's dot
         // emitter takes one non-contracting dimension a side.
         let rows = self.blocks(&codes);
         let turned = self.product(&rows, &h, Precision::Default);
-        let turned = self.b.reshape(&turned, &dims);
-        // The norm scales the scale, or is in the matrix already.
+        let mut turned = self.b.reshape(&turned, &dims);
+        if narrow {
+            turned = self.b.convert(&turned, PrimitiveType::F32);
+            if self.norm_folded() {
+                let norm = self.splat(Const::F32(hadamard_norm(bl).to_bits()), &dims);
+                turned = self.b.multiply(&turned, &norm);
+            }
+        }
+        // The norm scales the scale, or is in the matrix (or the sums)
+        // already.
         let scale = if self.norm_folded() {
-            scale
+            self.spread_scales(message, &dims)
         } else {
             let norm = self.splat(Const::F32(hadamard_norm(bl).to_bits()), &lead);
-            self.b.multiply(&scale, &norm)
+            let scale = self.b.multiply(&message.scales, &norm);
+            self.b.broadcast(&scale, &dims, &lead_dims(&dims))
         };
-        let scale = self.b.broadcast(&scale, &dims, &lead_dims(&dims));
         self.b.multiply(&turned, &scale)
     }
 }

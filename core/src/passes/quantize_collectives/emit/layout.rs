@@ -43,10 +43,10 @@ impl Emitter<'_, '_, '_> {
             .iter()
             .zip(&sizes)
             .map(|(x, &n)| {
-                let x = if same && !rotated {
-                    x.clone()
-                } else {
-                    self.f32(x)
+                let x = match (same, rotated) {
+                    (true, false) => x.clone(),
+                    (true, true) => self.rotation_input(x),
+                    (false, _) => self.f32(x),
                 };
                 let dims: &[i64] = if whole_blocks { &[n / bl, bl] } else { &[n] };
                 self.b.reshape(&x, dims)
@@ -82,11 +82,13 @@ impl Emitter<'_, '_, '_> {
     }
 
     /// Every block of B of `x` multiplied by `H_B`, then by `fl(1/√B)`:
-    /// `[elements / B, B]`. Inputs that are bf16 values multiply exactly at
-    /// any dot precision; other f32 inputs ask for the highest.
+    /// `[elements / B, B]`, f32. Inputs that are bf16 values multiply
+    /// exactly at any dot precision; other f32 inputs ask for the highest.
+    /// `x` is f32, or bf16 where [`Self::rotates_narrow`].
     pub(super) fn rotate(&mut self, x: &Value, bf16_valued: bool) -> Value {
         let blocks = self.blocks(x);
-        let h = self.hadamard();
+        let ty = PrimitiveType::try_from(x.element_type()).unwrap_or(PrimitiveType::F32);
+        let h = self.hadamard(ty);
         let precision = if bf16_valued {
             Precision::Default
         } else {
@@ -102,6 +104,28 @@ impl Emitter<'_, '_, '_> {
             let norm = self.splat(Const::F32(hadamard_norm(bl).to_bits()), summed.dims());
             self.b.multiply(&summed, &norm)
         }
+    }
+
+    /// What the rotation reads of bf16 operands: past XLA:TPU's fusion
+    /// ([`Self::rotates_narrow`]) the bf16 values themselves, which the
+    /// product takes as they are, where their widening was a kernel of its
+    /// own and the relayout into blocks moved twice the bytes; elsewhere
+    /// their f32 widening.
+    pub(super) fn rotation_input(&mut self, x: &Value) -> Value {
+        if self.rotates_narrow() && x.element_type() == PrimitiveType::Bf16 as i32 {
+            x.clone()
+        } else {
+            self.f32(x)
+        }
+    }
+
+    /// Whether the rotation's products take their operands narrow, bf16
+    /// values as bf16 and int8 codes as s8 (the sums exact in f32 and s32
+    /// alike): past XLA:TPU's fusion, where the product is a fused
+    /// convolution that libtpu refuses a widening inside, and a widening
+    /// outside is a kernel.
+    pub(super) fn rotates_narrow(&self) -> bool {
+        self.b.tiled_for_tpu()
     }
 
     /// `rows [m, B]` times the B×B `h`: a `dot`, or past XLA:TPU's fusion
@@ -123,42 +147,55 @@ impl Emitter<'_, '_, '_> {
         crate::numerics::norm_folds(self.plan().block())
     }
 
-    /// The B×B Sylvester Hadamard matrix as f32 (±1, or `±1/√B` when
-    /// [`Self::norm_folded`]), emitted once per computation: it is
-    /// symmetric, so the inverse rotation reads it too. Its literal is s8 (a
-    /// quarter of an f32 literal's bytes in the module; XLA folds the
-    /// convert, and the norm's multiply of the small matrix), but past
-    /// XLA:TPU's tiling, where nothing folds them any more, an f32 literal
-    /// of the same values.
-    pub(super) fn hadamard(&mut self) -> Value {
-        if let Some(h) = &self.hadamard {
+    /// The B×B Sylvester Hadamard matrix as `ty`, emitted once per
+    /// computation and type: it is symmetric, so the inverse rotation reads
+    /// it too. f32 and bf16: ±1, or `±1/√B` when [`Self::norm_folded`]
+    /// (exact in either). s8 (for int8 codes): ±1, the norm left to the
+    /// caller. An f32 matrix's literal is s8 (a quarter of the bytes in the
+    /// module; XLA folds the convert, and the norm's multiply of the small
+    /// matrix), but past XLA:TPU's tiling, where nothing folds them any
+    /// more, a literal of the values themselves.
+    pub(super) fn hadamard(&mut self, ty: PrimitiveType) -> Value {
+        if let Some(h) = self.hadamard.get(&(ty as i32)) {
             return h.clone();
         }
         let bl = self.plan().block();
-        if self.inputs.stage == Stage::Tiled && self.norm_folded() {
-            // Past libtpu's constant folding the widening would be a
-            // kernel every op runs: the f32 matrix itself instead.
-            let norm = hadamard_norm(bl);
-            let entries: Vec<f32> = (0..bl * bl)
-                .map(|i| hadamard_sign(i / bl, i % bl) * norm)
-                .collect();
-            let h = self.b.f32_array(&entries, &[bl as i64, bl as i64]);
-            self.hadamard = Some(h.clone());
-            return h;
-        }
-        let entries: Vec<i8> = (0..bl * bl)
-            .map(|i| hadamard_sign(i / bl, i % bl) as i8)
+        let dims = [bl as i64, bl as i64];
+        let signs: Vec<f32> = (0..bl * bl)
+            .map(|i| hadamard_sign(i / bl, i % bl))
             .collect();
-        let signs = self.b.s8_array(&entries, &[bl as i64, bl as i64]);
-        let mut h = self.b.convert(&signs, PrimitiveType::F32);
-        if self.norm_folded() {
-            let norm = self.splat(
-                Const::F32(hadamard_norm(bl).to_bits()),
-                &[bl as i64, bl as i64],
-            );
-            h = self.b.multiply(&h, &norm);
-        }
-        self.hadamard = Some(h.clone());
+        let norm = if self.norm_folded() {
+            hadamard_norm(bl)
+        } else {
+            1.0
+        };
+        let h = match ty {
+            PrimitiveType::S8 => {
+                let entries: Vec<i8> = signs.iter().map(|&s| s as i8).collect();
+                self.b.s8_array(&entries, &dims)
+            }
+            PrimitiveType::Bf16 => {
+                let entries: Vec<f32> = signs.iter().map(|&s| s * norm).collect();
+                self.b.bf16_array(&entries, &dims)
+            }
+            _ if self.inputs.stage == Stage::Tiled => {
+                // Past libtpu's constant folding the widening would be a
+                // kernel every op runs: the f32 matrix itself instead.
+                let entries: Vec<f32> = signs.iter().map(|&s| s * norm).collect();
+                self.b.f32_array(&entries, &dims)
+            }
+            _ => {
+                let sign = self.hadamard(PrimitiveType::S8);
+                let h = self.b.convert(&sign, PrimitiveType::F32);
+                if self.norm_folded() {
+                    let norm = self.splat(Const::F32(norm.to_bits()), &dims);
+                    self.b.multiply(&h, &norm)
+                } else {
+                    h
+                }
+            }
+        };
+        self.hadamard.insert(ty as i32, h.clone());
         h
     }
 
@@ -216,7 +253,11 @@ impl Emitter<'_, '_, '_> {
             }
         };
         let bl = plan.block() as i64;
-        let mut payload = if rotated { self.f32(&stacked) } else { stacked };
+        let mut payload = if rotated {
+            self.rotation_input(&stacked)
+        } else {
+            stacked
+        };
         if c > m {
             let ty = PrimitiveType::try_from(payload.element_type()).unwrap_or(PrimitiveType::F32);
             let zero = self.b.zero(ty);

@@ -210,8 +210,9 @@ struct Emitter<'b, 'm, 'i> {
     /// amounts they broadcast (the scale's width is the plan's).
     shifts: HashMap<Vec<i64>, Value>,
     shift_amounts: Option<Value>,
-    /// [`Self::hadamard`]: one matrix serves the rotation and its inverse.
-    hadamard: Option<Value>,
+    /// [`Self::hadamard`], by element type: one matrix serves the
+    /// rotation and its inverse.
+    hadamard: HashMap<i32, Value>,
     /// Values whose buffers belong to the operands (a payload that is only
     /// a reshape of one): a loop must not take them over.
     borrowed: Vec<InstrId>,
@@ -233,7 +234,7 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
             coordinates: HashMap::default(),
             shifts: HashMap::default(),
             shift_amounts: None,
-            hadamard: None,
+            hadamard: HashMap::default(),
             borrowed: Vec::new(),
         }
     }
