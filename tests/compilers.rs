@@ -35,6 +35,8 @@
 //!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
 //!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
 //!   on XLA:CPU, its twin.
+//! - `bench::libtpu_floor`: `bench/compile/libtpu_floor.py` (libtpu's own
+//!   fusion of the quantized two-shot, written in JAX) runs and compiles.
 //!
 //! Each topology's jobs run in one process (`tests/compilers/compile.py`;
 //! one registration per process), and their answers are kept under
@@ -302,6 +304,10 @@ fn main() {
             move || kernel_check(rotation, devices, shape).map_err(Failed::from),
         ));
     }
+    trials.push(Trial::test(
+        "bench::libtpu_floor (libtpu's own fusion of the quantized two-shot)",
+        || floor_check().map_err(Failed::from),
+    ));
     sample_jobs(&mut batches);
     let mut batches: Vec<(String, Vec<Job>)> = batches.into_iter().collect();
     batches.sort_by(|a, b| a.0.cmp(&b.0));
@@ -366,6 +372,36 @@ fn kernel_check(rotation: &str, devices: usize, shape: &str) -> Result<(), Strin
         out.status,
         tail(&String::from_utf8_lossy(&out.stderr), 3000)
     ))
+}
+
+/// `bench/compile/libtpu_floor.py`, once over its psum and its quantized
+/// two-shot: both compile in libtpu, the two-shot into fusions of its own
+/// (the script's figures are BENCHMARKS.md's; this keeps it from rotting).
+fn floor_check() -> Result<(), String> {
+    let py = common::venv(common::Venv::Compilers)?;
+    let repo = common::repo();
+    let out = Command::new(&py)
+        .arg(repo.join("bench/compile/libtpu_floor.py"))
+        .args(["--variant", "psum", "--variant", "two-shot", "--runs", "1"])
+        .output()
+        .map_err(|e| format!("run libtpu_floor.py: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fusions = |variant: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{variant} ")))
+            .and_then(|l| l.split(", ").nth(1))
+            .and_then(|f| f.split(' ').next())
+            .and_then(|n| n.parse::<u32>().ok())
+    };
+    match (out.status.success(), fusions("psum"), fusions("two-shot")) {
+        (true, Some(_), Some(n)) if n > 0 => Ok(()),
+        _ => Err(format!(
+            "libtpu_floor.py ({}):\n{stdout}\n{}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr), 3000)
+        )),
+    }
 }
 
 /// Random modules of the property tests' generator (fixed seed), one per
