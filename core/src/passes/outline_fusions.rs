@@ -708,11 +708,13 @@ fn merge_siblings(
             merged.push(Some(o));
             continue;
         };
-        match partner.remove(&k) {
-            Some(at) => {
-                let Some(first) = merged[at].take() else {
-                    continue;
-                };
+        // A pair's first is still unmerged in its slot: each key is taken
+        // out of `partner` when it pairs.
+        match partner
+            .remove(&k)
+            .and_then(|at| Some((at, merged[at].take()?)))
+        {
+            Some((at, first)) => {
                 let mut members = first.members.clone();
                 members.extend(&o.members);
                 members.sort_by_key(|&m| c.position(InstrId(m)));
