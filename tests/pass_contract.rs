@@ -865,7 +865,8 @@ fn past_xla_tpu_tiling_a_rotation_is_a_fused_convolution_never_a_bare_dot() {
 #[test]
 fn past_xla_tpu_tiling_the_time_model_charges_the_kernels_of_its_hook() {
     // Nothing fuses what the pass emits there: the same plan costs more
-    // launches than before XLA's fusion, so it pays from larger sizes.
+    // launches than before XLA's fusion, and its codes travel in the
+    // 128-byte rows of their tiles, so it pays from larger sizes, if ever.
     let (m, counts) = psum_of(&[4096, 1024]);
     let predicted = |stage: Stage| {
         let o = options(|p| {
@@ -887,8 +888,36 @@ fn past_xla_tpu_tiling_the_time_model_charges_the_kernels_of_its_hook() {
     let launches = 2.0 * (hook - v5e.kernels.phase);
     let want = launches * v5e.kernel_latency_us;
     assert!(
-        launches > 0.0 && ((tiled - before) - want).abs() < 1e-6 * want,
-        "hook {tiled} us, before fusion {before} us: {want} us more expected"
+        launches > 0.0 && tiled - before > want,
+        "hook {tiled} us, before fusion {before} us: more than {want} us more expected"
+    );
+    // The launches and the padded wire: charged the kernels alone, the
+    // hook's plan would cost exactly the launches more.
+    let o = options(|p| {
+        p.stage = Some(Stage::Tiled);
+        p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
+        p.rotation = Some(equarx::plan::Rotation::Hadamard);
+    });
+    let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+    let op = &r.report[0];
+    let config = &op.plan.as_ref().expect("a plan").config;
+    let p = op.op.group_size.expect("a group size");
+    let plan = equarx::plan::Plan::new(p, 4096 * 1024, config).unwrap();
+    let hook_kernels = equarx::cost::Topology {
+        kernels: equarx::cost::TPU_HOOK_KERNELS,
+        ..v5e.clone()
+    };
+    let padded = equarx::cost::Topology {
+        wire_row_bytes: equarx::cost::TILED_WIRE_ROW_BYTES,
+        ..hook_kernels.clone()
+    };
+    let bytes = 4096 * 1024 * 2;
+    let at = |t: &equarx::cost::Topology| equarx::cost::predict(t, &plan, bytes, 2.0).equarx_us;
+    assert!(
+        ((at(&padded) - tiled).abs() < 1e-6 * tiled) && at(&hook_kernels) < at(&padded),
+        "hook {tiled} us; the model: {} us padded, {} us unpadded",
+        at(&padded),
+        at(&hook_kernels)
     );
 }
 

@@ -65,6 +65,13 @@ pub struct Topology {
     pub kernels: Kernels,
     /// Per-iteration cost of a `while` loop (model assumption), µs.
     pub loop_step_us: f64,
+    /// The bytes a row of a message's codes occupies on the wire where the
+    /// compiler pads each row of a tiled array to its tile's lanes: 128
+    /// past XLA:TPU's tiling assignment, where a block's 64 int8 codes
+    /// (`s8[.., 64]{..:T(8,128)(4,1)}`) fill a buffer of 128 bytes a
+    /// block (BENCHMARKS.md, "The wire's tiles at XLA:TPU's hook"); 0
+    /// where an array travels as its elements.
+    pub wire_row_bytes: u32,
     /// Whether the ring closes over a wraparound link.
     pub wraparound: bool,
     /// The slice's shape when one was named (`v5e:2x4` → `[2, 4]`).
@@ -125,6 +132,10 @@ pub const TPU_HOOK_KERNELS: Kernels = Kernels {
     phase: 7.0,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled at its hook",
 };
+
+/// [`Topology::wire_row_bytes`] past XLA:TPU's tiling assignment: a tile's
+/// 128 lanes, the bytes of a row of s8 codes in `T(8,128)(4,1)` tiles.
+pub const TILED_WIRE_ROW_BYTES: u32 = 128;
 
 /// Kernels a phase when equarx writes two-shot's steps as Mosaic kernels
 /// (`kernels=mosaic`): quantize, sum and dequantize over the exchange and
@@ -246,6 +257,7 @@ fn tpu(name: &str, ici: f64, ports: u32, hbm: f64, source: &'static str) -> Topo
         kernel_latency_us: 1.0,
         kernels: TPU_KERNELS,
         loop_step_us: 1.0,
+        wire_row_bytes: 0,
         wraparound: true,
         slice: vec![],
         source,
@@ -262,6 +274,7 @@ fn gpu(name: &str, hbm: f64) -> Topology {
         kernel_latency_us: 3.0,
         kernels: GPU_KERNELS,
         loop_step_us: 8.0,
+        wire_row_bytes: 0,
         wraparound: true,
         slice: vec![],
         source: "NVIDIA Hopper datasheets: NVLink 4 900 GB/s bidirectional per GPU; HBM 3.35 TB/s (H100 SXM), 4.8 TB/s (H200)",
@@ -350,6 +363,20 @@ pub fn baseline_collective_us(
 /// Predicts the collective of `payload_bytes` (the operand's bytes, of
 /// elements of `elem_bytes` each on average) carried out by `plan`,
 /// against XLA's in the operand's own type.
+/// How many times a message's nominal bytes (codes and scales) travel
+/// where the compiler pads each row of codes to [`Topology::wire_row_bytes`]
+/// (the scales' rows are whole tiles already): 1 elsewhere.
+fn wire_padding(t: &Topology, plan: &Plan) -> f64 {
+    let codes = (plan.block() * plan.config.format.bits() / 8) as f64;
+    let scale = plan.scale_type().bytes() as f64;
+    let row = f64::from(t.wire_row_bytes);
+    if row > codes {
+        (row + scale) / (codes + scale)
+    } else {
+        1.0
+    }
+}
+
 pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -> Prediction {
     let p = plan.group_size as f64;
     let alpha = t.step_latency_us;
@@ -369,9 +396,10 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
     // Bytes of one code: 1, or 1/2 for int4.
     let cb = plan.config.format.bits() as f64 / 8.0;
     let c = plan.chunk as f64;
+    let padding = wire_padding(t, plan);
     let (mut comm, mut hbm_bytes) = (0.0, 0.0);
     for (k, phase) in plan.phases.iter().enumerate() {
-        let bytes = plan.phase_wire_bytes(k) as f64;
+        let bytes = plan.phase_wire_bytes(k) as f64 * padding;
         let rows = plan.rows_before(k) as f64;
         match phase {
             Phase::Ring { axis } => {
@@ -485,6 +513,34 @@ mod tests {
                 two_shot.equarx_us < ring.equarx_us,
                 two_shot_wins,
                 "{topology}: ring {ring:?}, two-shot {two_shot:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn codes_padded_to_their_tiles_rows_travel_as_the_padded_bytes() {
+        let t = Topology::parse("v5e").unwrap();
+        let padded = Topology {
+            wire_row_bytes: TILED_WIRE_ROW_BYTES,
+            ..t.clone()
+        };
+        for algorithm in [Algorithm::Ring, Algorithm::TwoShot] {
+            let p = Plan::new(8, 8 << 20, &config(algorithm, true)).unwrap();
+            // int8 in blocks of 64 with bf16 scales: 66 bytes a block, 130
+            // padded.
+            assert_eq!((p.block(), p.scale_type().bytes()), (64, 2));
+            assert_eq!(wire_padding(&t, &p), 1.0);
+            assert_eq!(wire_padding(&padded, &p), 130.0 / 66.0);
+            let (plain, tiled) = (
+                predict(&t, &p, 16 << 20, 2.0),
+                predict(&padded, &p, 16 << 20, 2.0),
+            );
+            assert_eq!(plain.baseline_us, tiled.baseline_us);
+            assert!(
+                tiled.equarx_us > plain.equarx_us,
+                "{algorithm:?}: padded {} us, not more than {} us",
+                tiled.equarx_us,
+                plain.equarx_us
             );
         }
     }

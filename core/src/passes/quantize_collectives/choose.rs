@@ -352,6 +352,7 @@ fn worth_it(
             time,
             collective: payload.collective.opcode(),
             plan: plan.algorithm_name(),
+            padded: options.topology.wire_row_bytes > 0,
         });
     }
     Ok(Choice { plan, time })

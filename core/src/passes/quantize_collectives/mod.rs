@@ -50,7 +50,7 @@ use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage};
-use crate::cost::{MOSAIC_PHASE_KERNELS, TPU_HOOK_KERNELS};
+use crate::cost::{MOSAIC_PHASE_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
@@ -84,13 +84,17 @@ impl QuantizeCollectives {
     pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
         let platform = Platform::resolve(options.platform, stage, &options.topology);
         // Past XLA:TPU's tiling nothing fuses what the pass emits: the time
-        // model charges the kernels libtpu makes of a rewrite there.
+        // model charges the kernels libtpu makes of a rewrite there, and the
+        // wire's codes in the 128-byte rows of their tiles.
         if stage == Stage::Tiled {
             options.topology.kernels = TPU_HOOK_KERNELS;
+            options.topology.wire_row_bytes = TILED_WIRE_ROW_BYTES;
         }
         let mosaic = (options.kernels == Kernels::Mosaic && platform == Platform::Tpu).then(|| {
             let mut o = options.clone();
             o.topology.kernels.phase = MOSAIC_PHASE_KERNELS;
+            // The kernels' codes are rows of 128 lanes, two blocks each.
+            o.topology.wire_row_bytes = 0;
             o
         });
         QuantizeCollectives {

@@ -77,8 +77,9 @@ pub enum SkipReason {
     },
     #[error(
         "the cost model predicts no gain on {}: {:.2}x ({collective} in its own type {:.1} us, \
-         equarx {plan} {:.1} us; a model, see --topology, or force with --min-payload)",
-        .time.topology, .time.speedup, .time.baseline_us, .time.equarx_us
+         equarx {plan} {:.1} us{padded}; a model, see --topology, or force with --min-payload)",
+        .time.topology, .time.speedup, .time.baseline_us, .time.equarx_us,
+        padded = if *.padded { ", its codes padded to 128-byte rows past XLA:TPU's tiling: about the original's bytes" } else { "" }
     )]
     NotFaster {
         time: PredictedTime,
@@ -86,6 +87,9 @@ pub enum SkipReason {
         collective: &'static str,
         /// The plan's algorithm, as the report names it.
         plan: String,
+        /// Whether the wire's codes travel padded to their tiles' rows
+        /// ([`crate::cost::Topology::wire_row_bytes`]).
+        padded: bool,
     },
     #[error("{0}")]
     Plan(#[from] PlanError),
