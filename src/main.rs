@@ -103,7 +103,8 @@ enum Command {
     /// bf16 ring all-reduce and naive per-tensor int8.
     Simulate(simulate::SimulateArgs),
     /// Predicted bf16 and equarx all-reduce times over message sizes on a
-    /// named topology (a model from public figures, not a measurement).
+    /// named topology (a model from public figures, not a measurement);
+    /// `--stage tiled` charges what the pass charges at XLA:TPU's hook.
     Model(model::ModelArgs),
     /// A calibration profile from collectives' saved inputs (.npz), for
     /// `--profile`: the choice and the predicted error then use each op's

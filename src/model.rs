@@ -9,6 +9,7 @@ use clap::Args;
 use equarx::Options;
 use equarx::cost::{Prediction, Topology, predict};
 use equarx::numerics::error::Data;
+use equarx::passes::quantize_collectives::charged_at;
 use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
 use equarx::passes::quantize_collectives::skip::SkipReason;
 use equarx::plan::Rotation;
@@ -37,7 +38,12 @@ pub struct ModelArgs {
 
 pub fn run(a: ModelArgs) -> Result<()> {
     let o = a.pass.options()?.pass;
-    let topology = o.topology.clone();
+    // A named stage charges what the pass charges there (`--stage tiled`:
+    // XLA:TPU's hook).
+    let topology = match o.stage {
+        Some(stage) => charged_at(&o.topology, stage),
+        None => o.topology.clone(),
+    };
     if let Some(path) = &a.plot {
         plot_speedups(&a, &o, path)?;
     }
@@ -71,6 +77,13 @@ pub fn run(a: ModelArgs) -> Result<()> {
         k.phase,
         topology.kernel_latency_us
     );
+    if topology.wire_row_bytes > 0 {
+        say!(
+            "wire: a block's codes in {}-byte tile rows (XLA:TPU past its tiling), as its compiled \
+             buffers hold them",
+            topology.wire_row_bytes
+        );
+    }
     use Align::{Left, Right};
     let mut t = Columns::new(&[
         ("bf16 size", Right),

@@ -311,6 +311,65 @@ fn plots_are_written_as_svg_charts() {
     }
 }
 
+#[test]
+fn model_at_xla_tpus_hook_charges_what_the_pass_charges_there() {
+    // `--stage tiled` (XLA:TPU's hook): the hook's kernels and the codes in
+    // their padded tile rows, the same prediction `rewrite --report` makes
+    // of the op there.
+    let speedup = |out: &str| -> f64 {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("16MiB"))
+            .unwrap_or_else(|| panic!("no 16MiB row in:\n{out}"));
+        row.split_whitespace()
+            .find_map(|w| w.strip_suffix('x')?.parse().ok())
+            .unwrap_or_else(|| panic!("no speedup in {row}"))
+    };
+    let args = ["model", "--topology", "v5e", "--sizes", "16MiB"];
+    let (before, _) = run(&[&args[..], &["--stage", "pre-fusion"]].concat());
+    let (hook, _) = run(&[&args[..], &["--stage", "tiled", "--platform", "tpu"]].concat());
+    assert!(
+        hook.contains("at its hook") && hook.contains("128-byte tile rows"),
+        "{hook}"
+    );
+    assert!(!before.contains("tile rows"), "{before}");
+    assert!(
+        speedup(&hook) < speedup(&before),
+        "the hook {} against {} before fusion",
+        speedup(&hook),
+        speedup(&before)
+    );
+    // The op the report would give at the hook: bf16[4096, 2048] over 8.
+    let dir = common::scratch("model-tiled");
+    let hlo = dir.join("ar.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule m, replica_count=8\n\nadd {\n  a = bf16[] parameter(0)\n  b = bf16[] parameter(1)\n  \
+         ROOT r = bf16[] add(a, b)\n}\n\nENTRY e {\n  p = bf16[4096,2048]{1,0:T(8,128)(2,1)} parameter(0)\n  \
+         ROOT ar = bf16[4096,2048]{1,0:T(8,128)(2,1)} all-reduce(p), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=add\n}\n",
+    )
+    .unwrap();
+    let out = dir.join("out.hlo");
+    let (report, _) = run(&[
+        "rewrite",
+        hlo.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--stage",
+        "tiled",
+        "--platform",
+        "tpu",
+        "--topology",
+        "v5e",
+        "--report",
+    ]);
+    let said = format!("{:.2}x", speedup(&hook));
+    assert!(
+        report.contains(&format!("predicts no gain on v5e: {said}")),
+        "the model said {said}; the report:\n{report}"
+    );
+}
+
 /// Whether HLO text holds an s8 collective (whichever algorithm the pass
 /// chose: ring permutes, a two-shot all-to-all, the gather).
 fn quantized(text: &str) -> bool {

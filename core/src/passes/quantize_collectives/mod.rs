@@ -50,7 +50,7 @@ use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage};
-use crate::cost::{MOSAIC_PHASE_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS};
+use crate::cost::{MOSAIC_PHASE_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS, Topology};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
@@ -77,19 +77,26 @@ pub struct QuantizeCollectives {
     report: Vec<OpReport>,
 }
 
+/// `topology` as the time model charges a rewrite at `stage`: past XLA:TPU's
+/// tiling nothing fuses what the pass emits, so the kernels are those
+/// libtpu makes of a rewrite there, and the wire's codes travel in the
+/// 128-byte rows of their tiles.
+pub fn charged_at(topology: &Topology, stage: Stage) -> Topology {
+    let mut t = topology.clone();
+    if stage == Stage::Tiled {
+        t.kernels = TPU_HOOK_KERNELS;
+        t.wire_row_bytes = TILED_WIRE_ROW_BYTES;
+    }
+    t
+}
+
 impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
     /// module's device counts and its stage in XLA's pipeline; the platform
     /// the options leave to `auto` is resolved here, once.
     pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
         let platform = Platform::resolve(options.platform, stage, &options.topology);
-        // Past XLA:TPU's tiling nothing fuses what the pass emits: the time
-        // model charges the kernels libtpu makes of a rewrite there, and the
-        // wire's codes in the 128-byte rows of their tiles.
-        if stage == Stage::Tiled {
-            options.topology.kernels = TPU_HOOK_KERNELS;
-            options.topology.wire_row_bytes = TILED_WIRE_ROW_BYTES;
-        }
+        options.topology = charged_at(&options.topology, stage);
         let mosaic = (options.kernels == Kernels::Mosaic && platform == Platform::Tpu).then(|| {
             let mut o = options.clone();
             o.topology.kernels.phase = MOSAIC_PHASE_KERNELS;
