@@ -596,12 +596,14 @@ fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline
             params,
             body,
         } = o;
+        let result = body.program_shape.as_ref().and_then(|p| p.result.clone());
         let fused = module.add_computation(body, true, Some(comp));
         let name = module.fresh_name("equarx_fusion");
         if roots.len() > 1 {
             let fusion = HloInstructionProto {
                 name,
                 opcode: Opcode::Fusion.as_str().into(),
+                shape: result,
                 fusion_kind: "kLoop".into(),
                 operand_ids: params,
                 called_computation_ids: vec![fused.0],
@@ -636,10 +638,10 @@ fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline
     module.apply(comp, edits);
 }
 
-/// `fusion` (a multi-output fusion of `roots`, in instruction order,
-/// its shape and id still to give) and a `get-tuple-element` a root go in
-/// before the first root, every use of a root becomes one of its element,
-/// and the `members` go. Every operand the fusion reads precedes the first
+/// `fusion` (a multi-output fusion of `roots`, in instruction order, its
+/// id still to give) and a `get-tuple-element` for each root go in before
+/// the first root, every use of a root becomes one of its element, and the
+/// `members` go. Every operand the fusion reads precedes the first
 /// root ([`merge_siblings`] merges groups that read the same ones).
 fn multi_output(
     module: &mut Module,
@@ -658,9 +660,6 @@ fn multi_output(
         .collect();
     let id = module.fresh_instr_id(comp);
     fusion.id = id.0;
-    fusion.shape = Some(shape::tuple(
-        roots.iter().filter_map(|r| r.shape.clone()).collect(),
-    ));
     fusion.metadata = roots[0].metadata.clone();
     let mut batch = vec![fusion];
     for (k, r) in roots.iter().enumerate() {
@@ -859,18 +858,22 @@ fn outline(
     let (root_id, result) = match roots {
         [root] => (body.local[root], by_id[root].shape.clone()),
         _ => {
-            let shapes: Vec<_> = roots
-                .iter()
-                .filter_map(|r| by_id[r].shape.clone())
-                .collect();
-            let tuple = HloInstructionProto {
+            let result = shape::tuple(
+                roots
+                    .iter()
+                    .filter_map(|r| by_id[r].shape.clone())
+                    .collect(),
+            );
+            let id = body.instrs.len() as i64;
+            body.instrs.push(HloInstructionProto {
+                id,
                 name: "tuple".into(),
                 opcode: Opcode::Tuple.as_str().into(),
-                shape: Some(shape::tuple(shapes.clone())),
+                shape: Some(result.clone()),
                 operand_ids: roots.iter().map(|r| body.local[r]).collect(),
                 ..Default::default()
-            };
-            (body.push(-1, tuple), Some(shape::tuple(shapes)))
+            });
+            (id, Some(result))
         }
     };
     let Body {
