@@ -98,7 +98,7 @@ pub fn pipeline_options(len: usize) -> RewriteOptions {
     RewriteOptions {
         pass,
         counts,
-        disabled_passes: vec![],
+        ..RewriteOptions::default()
     }
 }
 

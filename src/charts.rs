@@ -95,7 +95,8 @@ pub fn speedup_chart(
         let t = Topology::parse(name)?;
         let mut points = Vec::new();
         for &bytes in sizes {
-            let (_, p) = model_bf16(group_size, bytes, options, &t).map_err(|e| e.to_string())?;
+            let (_, p) =
+                model_bf16(group_size, bytes, options, &t, None).map_err(|e| e.to_string())?;
             points.push((bytes as f64 / (1 << 20) as f64, p.speedup()));
         }
         series.push(Series {

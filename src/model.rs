@@ -7,13 +7,13 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use equarx::Options;
+use equarx::Platform;
 use equarx::cost::{Prediction, Topology, predict};
 use equarx::numerics::error::Data;
-use equarx::passes::quantize_collectives::charged_at;
 use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
 use equarx::passes::quantize_collectives::skip::SkipReason;
-use equarx::plan::Rotation;
-use equarx::plan::{Collective, Plan};
+use equarx::passes::quantize_collectives::{charged_at, faster, mosaic_charges};
+use equarx::plan::{Collective, Kernels, Plan, Rotation};
 
 use crate::args::PassArgs;
 use crate::tables::{Align, Columns, human_bytes};
@@ -40,9 +40,19 @@ pub fn run(a: ModelArgs) -> Result<()> {
     let o = a.pass.options()?.pass;
     // A named stage charges what the pass charges there (`--stage tiled`:
     // XLA:TPU's hook).
-    let topology = match o.stage {
-        Some(stage) => charged_at(&o.topology, stage),
-        None => o.topology.clone(),
+    // On XLA:TPU, unless `--kernels hlo`, the Mosaic kernels' plan where it
+    // is predicted faster, as the pass picks it.
+    let (topology, mosaic) = match o.stage {
+        Some(stage) => {
+            let topology = charged_at(&o.topology, stage);
+            let charged = Options {
+                topology: topology.clone(),
+                ..o.clone()
+            };
+            let platform = Platform::resolve(o.platform, stage, &o.topology);
+            (topology, mosaic_charges(&charged, platform).ok())
+        }
+        None => (o.topology.clone(), None),
     };
     if let Some(path) = &a.plot {
         plot_speedups(&a, &o, path)?;
@@ -77,6 +87,14 @@ pub fn run(a: ModelArgs) -> Result<()> {
         k.phase,
         topology.kernel_latency_us
     );
+    if let Some(m) = &mosaic {
+        say!(
+            "kernels: equarx's own Mosaic kernels for the two-shot plans they take, {} per phase, \
+             their codes in unpadded rows; a row says (mosaic) where they are predicted faster \
+             (an operand they cannot take keeps the HLO form: see the report)",
+            m.topology.kernels.phase
+        );
+    }
     if topology.wire_row_bytes > 0 {
         say!(
             "wire: a block's codes in {}-byte tile rows (XLA:TPU past its tiling), as its compiled \
@@ -95,8 +113,8 @@ pub fn run(a: ModelArgs) -> Result<()> {
         ("plan", Left),
     ]);
     for &bytes in &a.sizes {
-        let (plan, p) =
-            model_bf16(a.group_size, bytes, &o, &topology).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (plan, p) = model_bf16(a.group_size, bytes, &o, &topology, mosaic.as_ref())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let rotation = match plan.config.rotation {
             Rotation::Hadamard => " + hadamard",
             Rotation::None => "",
@@ -111,7 +129,14 @@ pub fn run(a: ModelArgs) -> Result<()> {
                 "{:.2}%",
                 100.0 * equarx::numerics::error::predicted_rel_rms(&plan, 7)
             ),
-            format!("{}{rotation}", plan.config.algorithm),
+            format!(
+                "{}{rotation}{}",
+                plan.config.algorithm,
+                match plan.config.kernels {
+                    Kernels::Mosaic => " (mosaic)",
+                    Kernels::Hlo => "",
+                }
+            ),
         ]);
     }
     say_raw!("{}", t.render());
@@ -126,11 +151,14 @@ fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
 /// The plan the pass chooses for a bf16 all-reduce of `bytes` over `p`
 /// ranks on topology `t` (the rewrite forced, so a plan comes back even
 /// where it would not pay), and its predicted times: this command's rows.
+/// With `mosaic` (the options that charge equarx's Mosaic kernels,
+/// [`mosaic_charges`]), the kernels' plan where it is predicted faster.
 pub fn model_bf16(
     p: usize,
     bytes: u64,
     options: &Options,
     t: &Topology,
+    mosaic: Option<&Options>,
 ) -> Result<(Plan, Prediction), SkipReason> {
     let options = Options {
         topology: t.clone(),
@@ -143,7 +171,15 @@ pub fn model_bf16(
         bytes,
         mantissa_bits: 7,
     };
-    let choice = choose_plan(p, &payload, true, Data::Prior, &options)?;
-    let prediction = predict(t, &choice.plan, bytes, 2.0);
+    let hlo = choose_plan(p, &payload, true, Data::Prior, &options);
+    let choice = match mosaic {
+        Some(m) => faster(hlo, choose_plan(p, &payload, true, Data::Prior, m))?,
+        None => hlo?,
+    };
+    let charged = match (choice.plan.config.kernels, mosaic) {
+        (Kernels::Mosaic, Some(m)) => &m.topology,
+        _ => t,
+    };
+    let prediction = predict(charged, &choice.plan, bytes, 2.0);
     Ok((choice.plan, prediction))
 }

@@ -318,6 +318,9 @@ fn case() -> impl Strategy<Value = Case> {
                     algorithm: Some(algorithm),
                     rotation: Some(rotation),
                     unroll,
+                    // XLA:CPU runs them: the HLO emission, never the
+                    // Mosaic kernels XLA:TPU's default writes.
+                    kernels: Some(equarx::plan::Kernels::Hlo),
                     ..Options::default()
                 };
                 Case {

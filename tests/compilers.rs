@@ -5,10 +5,12 @@
 //!
 //! Two kinds of test, one per case or plan and compiler:
 //!
-//! - `CASE[::VARIANT]@TOPOLOGY`: every case file (`tests/cases/*.hlo`)
+//! - `CASE[::VARIANT][::hlo]@TOPOLOGY`: every case file (`tests/cases/*.hlo`)
 //!   compiles as the program, with equarx registered at the compiler's
 //!   pre-scheduler hook (`equarx_pjrt_register` on the plugin's own
-//!   `GetPjrtApi()`), the test's options configured. The compile must
+//!   `GetPjrtApi()`), the test's options configured: the default kernels
+//!   (on XLA:TPU equarx's own Mosaic kernels where they take an op), and
+//!   `::hlo` with `kernels=hlo` on the case's first TPU topology. The compile must
 //!   succeed (a process abort is reported as such, with the compiler's last
 //!   words). A case that expects a rewrite must be rewritten there and its
 //!   compiled module must carry quantized codes on the wire; a negative twin
@@ -196,24 +198,25 @@ fn main() {
                 Some((t, options))
             })
             .collect();
-        // With `kernels=mosaic` too, on the case's first TPU topology: where
-        // an op fits, equarx's own kernels past libtpu's layout assignment;
-        // where not, the HLO emission, and never an abort.
+        // The defaults' kernels (on XLA:TPU equarx's own Mosaic kernels
+        // where they take an op, past libtpu's layout assignment; the HLO
+        // emission elsewhere), and on the case's first TPU topology with
+        // `kernels=hlo` too: never an abort either way.
         let first_tpu = topologies.iter().find(|t| !t.starts_with("h100")).cloned();
         let runs = topologies
             .iter()
             .map(|t| (t.clone(), false))
             .chain(first_tpu.map(|t| (t, true)));
-        for (topology, mosaic) in runs {
+        for (topology, hlo) in runs {
             for (t, options) in &tests {
-                let kernels = if mosaic { "::mosaic" } else { "" };
+                let kernels = if hlo { "::hlo" } else { "" };
                 let test = match &t.variant {
                     Some(v) => format!("{name}::{v}{kernels}@{topology}"),
                     None => format!("{name}{kernels}@{topology}"),
                 };
                 let mut options = options.clone();
-                if mosaic {
-                    options.insert("kernels".into(), json!("mosaic"));
+                if hlo {
+                    options.insert("kernels".into(), json!("hlo"));
                 }
                 let expect = match &t.expect {
                     Expect::Plan(_) => Want::Rewritten,
@@ -447,7 +450,10 @@ fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
         let path = dir.join(format!("{taken}.hlo"));
         write_unless_same(&path, &c.hlo());
         let (replicas, partitions) = c.counts();
-        let options = options_json(&c.rewrite_options());
+        // The defaults' kernels, as a user gets them at the hook.
+        let mut rewrite = c.rewrite_options();
+        rewrite.pass.kernels = None;
+        let options = options_json(&rewrite);
         let gpu = gpu_topology(n).expect("an H100 node of 4 or 8");
         for topology in [gpu, tpu_topologies(n)[0].to_string()] {
             let name = format!("sample::{taken}@{topology}");
@@ -575,6 +581,22 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
             serde_json::to_string(&report).unwrap_or_default()
         )
     };
+    // At a hook the module shows which compiler holds it: the native
+    // door emits for that one unless the options name another.
+    let compiler = platform(name.rsplit('@').next().unwrap_or_default());
+    let door_options = job.spec["options"].as_object();
+    let named = door_options.is_some_and(|o| o.contains_key("platform"));
+    if job.spec["door"] == json!("hook") && !named {
+        if let Some(r) = report
+            .iter()
+            .find(|r| r["rewritten"] == json!(true) && r["platform"] != json!(compiler))
+        {
+            return Err(format!(
+                "{name}: an op emitted for {} at {compiler}'s hook: {r}",
+                r["platform"]
+            ));
+        }
+    }
     match &job.expect {
         Want::Rewritten => {
             if rewritten == 0 || !quantized {

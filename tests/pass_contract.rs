@@ -22,6 +22,9 @@ fn options(edit: impl FnOnce(&mut Options)) -> RewriteOptions {
         min_payload_bytes: Some(0),
         pipeline_depth: 1,
         element_types: vec![PrimitiveType::Bf16, PrimitiveType::F32],
+        // The contract of the HLO emission; the Mosaic kernels' tests ask
+        // for them (or for the default) themselves.
+        kernels: Some(equarx::plan::Kernels::Hlo),
         ..Options::default()
     };
     edit(&mut pass);
@@ -544,7 +547,7 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
         p.stage = Some(Stage::PreFusion);
         p.platform = Some(equarx::Platform::Tpu);
         p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
-        p.kernels = equarx::plan::Kernels::Mosaic;
+        p.kernels = Some(equarx::plan::Kernels::Mosaic);
     });
     o.pass.fuse = equarx::FuseMode::Off;
     let r = equarx::rewrite(m, counts, &o).unwrap();
@@ -558,6 +561,47 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
 }
 
 #[test]
+fn by_default_xla_tpu_gets_the_mosaic_kernels_where_they_take_the_op() {
+    // `kernels` auto: on XLA:TPU the kernels' two-shot where they take the
+    // operand, HLO with the reason where not; XLA:CPU and XLA:GPU get HLO
+    // and no word about Mosaic.
+    let rewrite = |dims: &[i64], platform, algorithm| {
+        let (m, counts) = psum_of(dims);
+        let o = options(|p| {
+            p.stage = Some(Stage::PreFusion);
+            p.platform = Some(platform);
+            p.algorithm = Some(algorithm);
+            p.kernels = None;
+        });
+        let r = equarx::rewrite(m, counts, &o).unwrap();
+        let op = r.report[0].clone();
+        let kernels = op.plan.as_ref().expect("rewritten").config.kernels;
+        (kernels, op.reason.unwrap_or_default())
+    };
+    use equarx::Platform::{Cpu, Gpu, Tpu};
+    use equarx::plan::Algorithm::{Ring, TwoShot};
+    use equarx::plan::Kernels::{Hlo, Mosaic};
+    assert_eq!(
+        rewrite(&[1024, 1024], Tpu, TwoShot),
+        (Mosaic, String::new())
+    );
+    for platform in [Cpu, Gpu] {
+        assert_eq!(
+            rewrite(&[1024, 1024], platform, TwoShot),
+            (Hlo, String::new())
+        );
+    }
+    let (kernels, reason) = rewrite(&[1000, 1000], Tpu, TwoShot);
+    assert_eq!(kernels, Hlo);
+    assert!(
+        reason.contains("HLO kernels, not Mosaic") && reason.contains("multiple of 128"),
+        "{reason}"
+    );
+    // A plan the kernels do not write is no news.
+    assert_eq!(rewrite(&[1024, 1024], Tpu, Ring), (Hlo, String::new()));
+}
+
+#[test]
 fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
     // At XLA:TPU's hook a Mosaic kernel's operands, results and the
     // collectives between them must carry libtpu's tiles (untiled, libtpu
@@ -568,7 +612,7 @@ fn past_xla_tpu_tiling_mosaic_kernels_take_and_give_tiled_arrays() {
         p.platform = Some(equarx::Platform::Tpu);
         p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
         p.rotation = Some(equarx::plan::Rotation::Hadamard);
-        p.kernels = equarx::plan::Kernels::Mosaic;
+        p.kernels = Some(equarx::plan::Kernels::Mosaic);
     });
     // An operand as no layout assignment of libtpu leaves it: HLO, and why.
     let r = equarx::rewrite(m.clone(), counts, &o).unwrap();

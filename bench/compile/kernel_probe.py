@@ -401,8 +401,10 @@ def check(rows, cols, tm, form, rotation, n):
     options = dict(platform="tpu", algorithm="two-shot", quant_format="int8", block_size=64,
                    scale_type="bf16", rotation="hadamard" if rotation else "none",
                    min_payload_bytes=0)
+    # The HLO emission (XLA:TPU's default is the Mosaic kernels, which
+    # XLA:CPU cannot run): the kernels' twin.
     rewritten = equarx.jax.rewrite_lowered(
-        shard_mapped(lambda a: jax.lax.psum(a, "x")).lower(x), **options)
+        shard_mapped(lambda a: jax.lax.psum(a, "x")).lower(x), kernels="hlo", **options)
     print("equarx's plan: %s" % json_plan(equarx.jax.last_report()))
     results = {"equarx": np.asarray(rewritten.compile()(x))}
     interpreted = mosaic_psum(tm, form, rotation, interpret=True)

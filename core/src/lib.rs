@@ -128,7 +128,11 @@ pub fn rewrite_with(
     let counts = module_counts.overridden_by(options.counts);
     let mut m = ir::Module::from_proto(module);
     let stage = options.pass.stage.unwrap_or_else(|| Stage::detect(&m));
-    let mut quantize = QuantizeCollectives::new(options.pass.clone(), counts, stage);
+    let mut pass = options.pass.clone();
+    if options.at_hook {
+        pass.platform = pass.platform.or(Some(Platform::at_hook(stage)));
+    }
+    let mut quantize = QuantizeCollectives::new(pass, counts, stage);
     let platform = quantize.platform();
     let mut widenings = RemoveDeadWidenings;
     let mut fusions = OutlineFusions {

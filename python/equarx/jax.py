@@ -326,11 +326,13 @@ def enable(
     XLA:CPU's pre-scheduler stage XLA has fused the module, so
     ``fuse="auto"`` (the default) outlines equarx's ops into loop fusions of
     their own; XLA:GPU's hook sits before its fusion, which then fuses them,
-    and XLA:TPU's after its tiling and fusion, where equarx outlines only the
-    fusions libtpu's emitter takes and a block's int8 codes sit in padded
-    tile rows (about the original's bytes on the wire): there the cost
-    model skips every op unless forced (``min_payload=0``), and
-    :func:`rewrite_lowered` serves ``shard_map`` programs better. With one
+    and XLA:TPU's after its tiling and fusion. There equarx writes
+    two-shot's steps as Mosaic kernels of its own by default (``kernels``
+    auto: 3 kernels an op, the codes unpadded) wherever they take the op;
+    in HLO, equarx outlines only the fusions libtpu's emitter takes and a
+    block's int8 codes sit in padded tile rows (about the original's bytes
+    on the wire), so the cost model skips such an op unless forced
+    (``min_payload=0``). With one
     platform and no ``platform`` option, equarx emits for that platform. They are
     checked now: invalid ones raise :class:`equarx.EquarxError` with
     equarx's message, and what was registered stays.
@@ -546,8 +548,8 @@ def rewrite_lowered(lowered: Any, **pass_options: Any) -> Any:
     XLA:TPU libtpu lays the codes out unpadded (half the original's bytes
     on the wire) and fuses the rotation's products with their neighbours,
     where at its pre-scheduler hook the module is already tiled and fused,
-    the codes fill padded tile rows and every op equarx emits is in a
-    fusion of equarx's own or a kernel by itself. Collectives
+    and an op equarx's Mosaic kernels cannot take is emitted in HLO whose
+    codes fill padded tile rows. Collectives
     that XLA's SPMD partitioner inserts (plain ``jit`` with shardings) do
     not exist yet at this point: they reach equarx only through
     :func:`enable` (the hook). ``num_partitions`` defaults to the

@@ -431,6 +431,10 @@ pub fn options() -> impl Strategy<Value = Options> {
                     algorithm,
                     rotation,
                     unroll,
+                    // XLA:CPU runs these modules: the HLO emission (on
+                    // XLA:TPU the default writes Mosaic kernels where they
+                    // take an op, which only libtpu compiles).
+                    kernels: Some(equarx::plan::Kernels::Hlo),
                     ..Options::default()
                 }
             },

@@ -153,6 +153,16 @@ fn plan_text_json(report: &Value) -> String {
     join_plans(plans)
 }
 
+/// A case's options as XLA:CPU runs them: the HLO emission unless the
+/// header names the kernels (equarx's Mosaic kernels, XLA:TPU's default
+/// where they take an op, are custom calls only libtpu compiles; their
+/// host check is `tests/compilers.rs`'s `kernels::`).
+fn on_xla_cpu(options: &serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+    let mut o = options.clone();
+    o.entry("kernels").or_insert_with(|| Value::from("hlo"));
+    o
+}
+
 /// The command line's flags for the options JSON (`--block-size 32`).
 fn flags(options: &serde_json::Map<String, Value>) -> Vec<String> {
     let mut v = Vec::new();
@@ -193,7 +203,7 @@ fn rewrite_by_cli(
         .arg(&out)
         .arg("--report-json")
         .arg(&report)
-        .args(flags(&spec.options))
+        .args(flags(&on_xla_cpu(&spec.options)))
         .output()
         .map_err(|e| e.to_string())?;
     if !o.status.success() {
@@ -346,7 +356,7 @@ pub fn prepare(file: &CaseFile, spec: &TestSpec) -> Result<Prepared, String> {
         replica_count: Some(replicas as i64),
         num_partitions: Some(partitions as i64),
     };
-    let options = equarx::options::from_json(&Value::Object(spec.options.clone()).to_string())
+    let options = equarx::options::from_json(&Value::Object(on_xla_cpu(&spec.options)).to_string())
         .map_err(|e| format!("{name}: {e}"))?;
     let rewritten = equarx::rewrite(parsed.proto.clone(), counts, &options)
         .map_err(|e| format!("{name}: {e}"))?;

@@ -15,7 +15,8 @@ through the door before XLA instead: each lowered TP forward is rewritten
 with ``equarx.jax.rewrite_lowered(lowered, topology=..., **plan)`` and that
 is compiled, what a ``shard_map`` program gets on XLA:TPU, where the pass
 emits before libtpu's fusion. With ``platform=tpu`` in the plan, XLA:CPU
-runs XLA:TPU's emission (its CPU twin), numbers and all.
+runs XLA:TPU's HLO emission (``kernels=hlo`` unless the plan says: the twin
+of the Mosaic kernels the pass writes there by default), numbers and all.
 
 The CLI door, ``--rewrite-cmd CMD``, registers a transform of its own with
 ``jax.extend.xla.register_hlo_module_transformation`` that pipes each
@@ -107,7 +108,10 @@ class JaxDoor(Door):
             raise ValueError(f"plan door={door!r}: 'hook' or 'before-xla'")
         self.plain()
         if door == "before-xla":
-            self.before_xla = dict(plan, topology=topology)
+            # XLA:CPU runs the HLO emission: on XLA:TPU the pass's default
+            # is its Mosaic kernels where they take an op, which only libtpu
+            # compiles (the HLO emission is their twin, bit for bit).
+            self.before_xla = dict({"kernels": "hlo"}, topology=topology, **plan)
         else:
             self.ej.enable(platforms=("cpu",), types=("bf16", "f32"), topology=topology, **plan)
 

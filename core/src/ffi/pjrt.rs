@@ -213,7 +213,10 @@ pub unsafe extern "C" fn equarx_pjrt_transform_hlo_module(
     let run = guarded(|| {
         // SAFETY: per the function's contract.
         let bytes = unsafe { super::c_abi::bytes(input.data.cast(), input.size, "hlo_module") }?;
-        let options = configured_options()?;
+        let options = RewriteOptions {
+            at_hook: true,
+            ..configured_options()?
+        };
         rewrite_bytes(bytes, Some(Format::Module), &options)
     });
     let mut out = Box::new(CallOutput {

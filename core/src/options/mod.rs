@@ -133,10 +133,12 @@ pub struct Options {
     /// model predicts with it for the ops it holds, with the prior for the
     /// others.
     pub profile: Option<ProfileFile>,
-    /// Who writes the compute steps' kernels where the pass can
-    /// ([`Kernels`]; the pass falls back to HLO, with the reason in the
-    /// report, where it cannot).
-    pub kernels: Kernels,
+    /// Who writes the compute steps' kernels ([`Kernels`]); `None`: auto,
+    /// equarx's own Mosaic kernels on XLA:TPU where they take the plan and
+    /// the operand, HLO everywhere else. Where Mosaic is asked for or
+    /// picked and cannot take an op, the pass emits HLO and the report says
+    /// why.
+    pub kernels: Option<Kernels>,
 }
 
 impl Default for Options {
@@ -164,7 +166,7 @@ impl Default for Options {
             stage: None,
             platform: None,
             profile: None,
-            kernels: plan.kernels,
+            kernels: None,
         }
     }
 }
@@ -214,6 +216,10 @@ pub struct RewriteOptions {
     pub counts: DeviceCounts,
     /// Pass names to skip.
     pub disabled_passes: Vec<String>,
+    /// Set by the native PJRT door (not an option): the module comes from a
+    /// compiler's pre-scheduler hook, so where `platform` is auto its stage
+    /// names the compiler ([`crate::Platform::at_hook`]).
+    pub at_hook: bool,
 }
 
 /// Checks `options` as a whole: every option's own check, in table order;

@@ -373,29 +373,31 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "kernels",
         aliases: &[],
-        syntax: Syntax::Choice(names::<Kernels>),
+        syntax: Syntax::Choice(auto_names::<Kernels>),
         help: "Who writes the kernels of a rewrite's compute steps: hlo (the pass emits HLO \
-               ops and the compiler fuses them) or mosaic (XLA:TPU, before XLA or at its hook: \
+               ops and the compiler fuses them), mosaic (XLA:TPU, before XLA or at its hook: \
                the pass writes two-shot's quantize, dequantize-sum-requantize and dequantize \
                as one Mosaic kernel each; int8, B = 64, bf16 scales, an operand whose last \
                dimension is a multiple of 128 up to 4096 and whose rows are a multiple of \
-               128·P, P <= 8; at the hook laid out as libtpu lays it out). An op mosaic cannot \
-               take keeps hlo, and the report says why.",
-        why: "libtpu makes 9.75 to 14 kernels an op of the HLO form; as one Mosaic kernel a \
-              step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB psum in 5.2x the \
-              original's time instead of 15.2x, a TP MLP in 1.19x instead of 1.42x, Gemma 3 \
-              270M in 1.18x instead of 1.89x, and at the hook in 1.11x instead of 1.75x \
-              ([BENCHMARKS.md](../BENCHMARKS.md)). Opt-in: no \
-              TPU runs the kernels here; their text runs on the host against the HLO \
-              emission, bit for bit",
+               128·P, P <= 8; at the hook laid out as libtpu lays it out), or auto: mosaic \
+               on XLA:TPU, hlo on XLA:CPU and XLA:GPU. An op mosaic cannot take keeps hlo, \
+               and the report says why.",
+        why: "libtpu makes 7 (at its hook) to 14 kernels an op of the HLO form; as one \
+              Mosaic kernel a step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB \
+              psum in 5.2x the original's time instead of 15.2x, a TP MLP in 1.19x instead \
+              of 1.42x, Gemma 3 270M in 1.18x instead of 1.89x, and at the hook in 1.11x \
+              instead of 1.75x; at the hook the HLO form's codes travel in padded 128-byte \
+              tile rows, the kernels' do not ([BENCHMARKS.md](../BENCHMARKS.md)). No TPU \
+              runs the kernels here: their text runs on the host against the HLO emission, \
+              bit for bit; hlo keeps the emission XLA:CPU runs",
         unset: "",
         example: "mosaic",
         refused: Some(("triton", "\"triton\" is not one of")),
         set: |o, v| {
-            o.pass.kernels = choice(v)?;
+            o.pass.kernels = auto_choice(v)?;
             Ok(())
         },
-        show: |o| Some(name_of(o.pass.kernels)),
+        show: |o| Some(auto_name(o.pass.kernels)),
         check: any,
     },
     OptionSpec {

@@ -162,6 +162,17 @@ impl Platform {
     /// hook sits there), or else the one of the topology the cost model
     /// predicts for (a switched fabric is a GPU node; the others are TPU
     /// slices).
+    /// The compiler whose pre-scheduler hook shows a module at `stage`:
+    /// XLA:TPU's past its tiling assignment, XLA:CPU's past fusion, and
+    /// XLA:GPU's before fusion.
+    pub fn at_hook(stage: Stage) -> Platform {
+        match stage {
+            Stage::Tiled => Platform::Tpu,
+            Stage::Fused => Platform::Cpu,
+            Stage::PreFusion => Platform::Gpu,
+        }
+    }
+
     pub fn resolve(given: Option<Platform>, stage: Stage, topology: &Topology) -> Platform {
         match (given, stage) {
             (Some(p), _) => p,

@@ -102,7 +102,8 @@ crate::choice_enum! {
     /// Who writes the kernels of a rewrite's compute steps: XLA's fusion,
     /// from the HLO the pass emits; or the pass itself, as Mosaic kernels
     /// XLA:TPU compiles (one a step; `emit/mosaic.rs`), where the plan and
-    /// the operand allow and the module is before XLA.
+    /// the operand allow, before XLA or at XLA:TPU's hook (the options'
+    /// default there, `Options::kernels`).
     pub enum Kernels {
         /// HLO ops, fused by the compiler.
         Hlo = "hlo",

@@ -56,7 +56,7 @@ use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
 use crate::options::Options;
-use crate::plan::Kernels;
+use crate::plan::{Algorithm, Collective, Kernels, Plan};
 use crate::proto::{HloInstructionProto, ShapeProto};
 
 /// The pass's name, and the name it had when it rewrote all-reduces only.
@@ -68,7 +68,7 @@ pub const OLD_NAME: &str = "quantized-all-reduce";
 pub struct QuantizeCollectives {
     options: Options,
     /// The options whose time model charges Mosaic kernels, where equarx
-    /// writes them (`kernels=mosaic` on XLA:TPU): see
+    /// writes them (XLA:TPU, `kernels` auto or mosaic): see
     /// [`QuantizeCollectives::choose_emitted`].
     mosaic: Option<Options>,
     counts: DeviceCounts,
@@ -90,6 +90,53 @@ pub fn charged_at(topology: &Topology, stage: Stage) -> Topology {
     t
 }
 
+/// The options under which the time model charges equarx's own Mosaic
+/// kernels (`emit/mosaic.rs`) on XLA:TPU: `options` (as [`charged_at`]
+/// left them) with two-shot forced, the one plan the kernels write, one
+/// kernel a phase step and the codes in unpadded rows of 128 lanes. An
+/// error says why the kernels are not in play: not XLA:TPU, `kernels=hlo`,
+/// or options that rule out the plan they take.
+pub fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, String> {
+    if platform != Platform::Tpu {
+        return Err(format!("Mosaic kernels are XLA:TPU's, not {platform}'s"));
+    }
+    if options.kernels == Some(Kernels::Hlo) {
+        return Err("kernels=hlo".into());
+    }
+    emit::mosaic::takes_options(options)?;
+    let mut o = options.clone();
+    o.algorithm = Some(Algorithm::TwoShot);
+    o.topology.kernels.phase = MOSAIC_PHASE_KERNELS;
+    // The kernels' codes are rows of 128 lanes, two blocks each.
+    o.topology.wire_row_bytes = 0;
+    Ok(o)
+}
+
+/// Of the HLO emission's choice and the Mosaic kernels' (where they take
+/// the op), the one predicted faster; when neither pays, the reason quotes
+/// the better prediction. The kernels' plan says `kernels=mosaic`.
+pub fn faster(
+    hlo: Result<Choice, SkipReason>,
+    kernels: Result<Choice, SkipReason>,
+) -> Result<Choice, SkipReason> {
+    let kernels = kernels.map(|mut k| {
+        k.plan.config.kernels = Kernels::Mosaic;
+        k
+    });
+    match (hlo, kernels) {
+        (Ok(h), Ok(k)) if h.time.equarx_us < k.time.equarx_us => Ok(h),
+        (_, Ok(k)) => Ok(k),
+        (Err(h @ SkipReason::NotFaster { .. }), Err(k @ SkipReason::NotFaster { .. })) => {
+            let speedup = |r: &SkipReason| match r {
+                SkipReason::NotFaster { time, .. } => time.speedup,
+                _ => 0.0,
+            };
+            Err(if speedup(&h) > speedup(&k) { h } else { k })
+        }
+        (hlo, Err(_)) => hlo,
+    }
+}
+
 impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
     /// module's device counts and its stage in XLA's pipeline; the platform
@@ -97,13 +144,7 @@ impl QuantizeCollectives {
     pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
         let platform = Platform::resolve(options.platform, stage, &options.topology);
         options.topology = charged_at(&options.topology, stage);
-        let mosaic = (options.kernels == Kernels::Mosaic && platform == Platform::Tpu).then(|| {
-            let mut o = options.clone();
-            o.topology.kernels.phase = MOSAIC_PHASE_KERNELS;
-            // The kernels' codes are rows of 128 lanes, two blocks each.
-            o.topology.wire_row_bytes = 0;
-            o
-        });
+        let mosaic = mosaic_charges(&options, platform).ok();
         QuantizeCollectives {
             options,
             mosaic,
@@ -120,25 +161,40 @@ impl QuantizeCollectives {
     }
 
     /// [`choose`], the time model charging the kernels that will be
-    /// emitted: with `kernels=mosaic` on XLA:TPU the plan chosen at the
-    /// Mosaic kernels' count, when they take it; otherwise the choice at
-    /// the HLO emission's count. When neither pays, the reason quotes the
-    /// kernels' prediction, the better of the two.
+    /// emitted: on XLA:TPU, unless `kernels=hlo`, the faster of the HLO
+    /// emission's plan and the Mosaic kernels' ([`faster`]), the kernels'
+    /// only where they take the operand.
     fn choose_emitted(&self, c: &eligibility::Candidate, data: Data) -> Result<Choice, SkipReason> {
+        let hlo = choose(c, data, &self.options);
         let Some(options) = &self.mosaic else {
-            return choose(c, data, &self.options);
+            return hlo;
         };
-        let with_kernels = choose(c, data, options);
-        if let Ok(choice) = &with_kernels {
-            let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
-            if emit::mosaic::fits(&choice.plan, &shapes, self.stage).is_ok() {
-                return with_kernels;
-            }
+        let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
+        let kernels = choose(c, data, options).and_then(|k| {
+            emit::mosaic::fits(&k.plan, &shapes, self.stage)
+                .map(|_| k)
+                .map_err(SkipReason::Unsupported)
+        });
+        faster(hlo, kernels)
+    }
+
+    /// Why an op rewritten as `plan` by HLO did not get the Mosaic kernels,
+    /// where the report should say so: always when `kernels=mosaic` asked
+    /// for them; with auto, on XLA:TPU, when the plan is the kernels' own
+    /// (a two-shot all-reduce) and only the operand kept them out.
+    fn why_not_mosaic(&self, c: &eligibility::Candidate, plan: &Plan) -> Option<String> {
+        let asked = self.options.kernels == Some(Kernels::Mosaic);
+        if let Err(why) = mosaic_charges(&self.options, self.platform) {
+            return asked.then_some(why);
         }
-        match (choose(c, data, &self.options), with_kernels) {
-            (Err(_), Err(why @ SkipReason::NotFaster { .. })) => Err(why),
-            (hlo, _) => hlo,
-        }
+        let kernels_plan =
+            plan.collective == Collective::AllReduce && plan.config.algorithm == Algorithm::TwoShot;
+        let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
+        let why = match emit::mosaic::fits(plan, &shapes, self.stage) {
+            Err(why) => why,
+            Ok(_) => "the time model predicts the HLO emission's plan faster".into(),
+        };
+        (asked || kernels_plan).then_some(why)
     }
 
     pub fn report(&self) -> &[OpReport] {
@@ -247,21 +303,9 @@ impl QuantizeCollectives {
             }
             Ok((candidate, Choice { mut plan, time })) => {
                 plan.config.wire = self.platform.wire(self.stage, &plan);
-                let mut note = None;
-                if self.options.kernels == Kernels::Mosaic {
-                    let shapes: Vec<&ShapeProto> =
-                        candidate.quantized().map(|o| &o.shape).collect();
-                    match (
-                        self.platform,
-                        emit::mosaic::fits(&plan, &shapes, self.stage),
-                    ) {
-                        (Platform::Tpu, Ok(_)) => plan.config.kernels = Kernels::Mosaic,
-                        (Platform::Tpu, Err(why)) => note = Some(why),
-                        (other, _) => {
-                            note = Some(format!("Mosaic kernels are XLA:TPU's, not {other}'s"))
-                        }
-                    }
-                }
+                let note = (plan.config.kernels == Kernels::Hlo)
+                    .then(|| self.why_not_mosaic(&candidate, &plan))
+                    .flatten();
                 let reducers =
                     *reducers.get_or_insert_with(|| Reducers::add_to(module, self.stage));
                 let site = Site {

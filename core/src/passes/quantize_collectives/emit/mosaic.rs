@@ -31,6 +31,7 @@ use super::Emitter;
 use crate::ir::builder::Value;
 use crate::ir::shape;
 use crate::numerics::{absmax_floor, hadamard_sign, inv_qmax};
+use crate::options::Options;
 use crate::passes::Stage;
 use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{
@@ -49,6 +50,31 @@ const SLAB_LANES: i64 = 128;
 
 /// The widest row the kernels unroll (32 chunks of 128 lanes).
 const MAX_COLS: i64 = 4096;
+
+/// Whether `options` leave the kernels their plan: a two-shot (or the
+/// algorithm left to the pass) of int8 codes, B = 64, bf16 scales, gathered
+/// by one all-gather; or why not.
+pub(in crate::passes::quantize_collectives) fn takes_options(o: &Options) -> Result<(), String> {
+    if o.algorithm.is_some_and(|a| a != Algorithm::TwoShot) {
+        return Err("only a two-shot all-reduce over one axis has them".into());
+    }
+    takes_knobs(o.quant_format, o.scale_type, o.block_size, o.gather)
+}
+
+fn takes_knobs(
+    format: QuantFormat,
+    scale_type: ScaleType,
+    block: usize,
+    gather: GatherForm,
+) -> Result<(), String> {
+    if format != QuantFormat::Int8 || scale_type != ScaleType::Bf16 || block != 64 {
+        return Err("they quantize int8, B = 64, bf16 scales".into());
+    }
+    if gather != GatherForm::AllGather {
+        return Err("they gather by one all-gather".into());
+    }
+    Ok(())
+}
 
 /// Whether the kernels take `plan` on an operand of `operand` dimensions
 /// (one bf16 all-reduce operand), before XLA:TPU's pipeline: the shape they
@@ -69,12 +95,7 @@ pub(in crate::passes::quantize_collectives) fn fits(
     {
         return Err("only a two-shot all-reduce over one axis has them".into());
     }
-    if c.format != QuantFormat::Int8 || c.scale_type != ScaleType::Bf16 || c.block != 64 {
-        return Err("they quantize int8, B = 64, bf16 scales".into());
-    }
-    if c.gather != GatherForm::AllGather {
-        return Err("they gather by one all-gather".into());
-    }
+    takes_knobs(c.format, c.scale_type, c.block, c.gather)?;
     let [operand] = operands else {
         return Err(format!("{} operands, not one", operands.len()));
     };
