@@ -379,9 +379,10 @@ pub static OPTIONS: &[OptionSpec] = &[
                the pass writes two-shot's quantize, dequantize-sum-requantize and dequantize \
                as one Mosaic kernel each; int8, B = 64, bf16 scales, an operand whose last \
                dimension is a multiple of 128 up to 4096 and whose rows are a multiple of \
-               128·P, P <= 8; at the hook laid out as libtpu lays it out), or auto: mosaic \
-               on XLA:TPU, hlo on XLA:CPU and XLA:GPU. An op mosaic cannot take keeps hlo, \
-               and the report says why.",
+               128·P, P <= 8; at the hook laid out as libtpu lays it out), or auto (the \
+               default): on XLA:TPU mosaic where the kernels take the op and the time model \
+               predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU and \
+               XLA:GPU. An op mosaic cannot take keeps hlo, and the report says why.",
         why: "libtpu makes 7 (at its hook) to 14 kernels an op of the HLO form; as one \
               Mosaic kernel a step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB \
               psum in 5.2x the original's time instead of 15.2x, a TP MLP in 1.19x instead \
