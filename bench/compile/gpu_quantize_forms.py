@@ -11,6 +11,13 @@ last two rotate the blocks first, by the Hadamard product (what equarx
 emits) or by an elementwise butterfly.
 Prints one line per form: the kernels of the compiled module and their
 fusion kinds (kCustom is a Triton fusion).
+
+Then the dequantize of a gathered message, s8 [rows, 66] (64 codes, then
+the bf16 scale's two bytes), rotated back by the Hadamard product into bf16:
+the scale applied after the product (equarx today, `(H·q)·s`) or to the
+codes inside the product's operand (`H·(q·s)`, the same f32 values for
+int8 codes and normal scales: every term and sum is exact), the scale
+decoded by shifts and an or or by one bitcast of its two bytes.
 """
 
 import argparse
@@ -110,6 +117,38 @@ def forms():
     ]
 
 
+def dequantize_forms():
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    hadamard = np.array([[(-1) ** bin(i & j).count("1") for j in range(64)]
+                         for i in range(64)], np.float32) / 8
+
+    def by_shifts(m):
+        b = lax.bitcast_convert_type(m[:, 64:66], jnp.uint8).astype(jnp.int32)
+        return lax.bitcast_convert_type((b[:, 0] << 16) | (b[:, 1] << 24), jnp.float32)[:, None]
+
+    def by_bitcast(m):
+        return lax.bitcast_convert_type(m[:, 64:66], jnp.bfloat16).astype(jnp.float32)[:, None]
+
+    def product(x):
+        return jnp.dot(x, hadamard, precision=lax.Precision.HIGHEST)
+
+    def after(decode):
+        return lambda m: (product(m[:, :64].astype(jnp.float32)) * decode(m)).astype(jnp.bfloat16)
+
+    def inside(decode):
+        return lambda m: product(m[:, :64].astype(jnp.float32) * decode(m)).astype(jnp.bfloat16)
+
+    return [
+        ("(H.q).s, the scale by shifts (equarx today)", after(by_shifts)),
+        ("H.(q.s), the scale by shifts", inside(by_shifts)),
+        ("(H.q).s, the scale by a bitcast", after(by_bitcast)),
+        ("H.(q.s), the scale by a bitcast", inside(by_bitcast)),
+    ]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=20480, help="blocks of 64 (default 20480: Gemma's op)")
@@ -120,8 +159,11 @@ def main(argv=None):
     topo = compilers.tool.topology("gpu", "h100x4")
     device = sorted(topo.devices, key=lambda d: d.id)[0]
     y = jax.ShapeDtypeStruct((args.rows, 64), jnp.float32, sharding=SingleDeviceSharding(device))
-    for name, f in forms():
-        text = jax.jit(f).lower(y).compile().as_text()
+    message = jax.ShapeDtypeStruct((args.rows, 66), jnp.int8,
+                                   sharding=SingleDeviceSharding(device))
+    for name, f, arg in ([(n, f, y) for n, f in forms()]
+                         + [(n, f, message) for n, f in dequantize_forms()]):
+        text = jax.jit(f).lower(arg).compile().as_text()
         entry = text.split("\nENTRY ")[1]
         kinds = [line.split("kind=")[1].split(",")[0] for line in entry.splitlines() if " fusion(" in line]
         print("%-56s %d kernels  %s" % (name, compilers.tool.kernels_of(text), " ".join(kinds)))
