@@ -7,12 +7,11 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use equarx::Options;
-use equarx::Platform;
 use equarx::cost::{Prediction, Topology, predict};
 use equarx::numerics::error::Data;
 use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
 use equarx::passes::quantize_collectives::skip::SkipReason;
-use equarx::passes::quantize_collectives::{charged_at, faster, mosaic_charges};
+use equarx::passes::quantize_collectives::{charges, faster};
 use equarx::plan::{Collective, Kernels, Plan, Rotation};
 
 use crate::args::PassArgs;
@@ -39,18 +38,12 @@ pub struct ModelArgs {
 pub fn run(a: ModelArgs) -> Result<()> {
     let o = a.pass.options()?.pass;
     // A named stage charges what the pass charges there (`--stage tiled`:
-    // XLA:TPU's hook).
-    // On XLA:TPU, unless `--kernels hlo`, the Mosaic kernels' plan where it
-    // is predicted faster, as the pass picks it.
+    // XLA:TPU's hook; on XLA:TPU, unless `--kernels hlo`, the Mosaic
+    // kernels' plan where it is predicted faster).
     let (topology, mosaic) = match o.stage {
         Some(stage) => {
-            let topology = charged_at(&o.topology, stage);
-            let charged = Options {
-                topology: topology.clone(),
-                ..o.clone()
-            };
-            let platform = Platform::resolve(o.platform, stage, &o.topology);
-            (topology, mosaic_charges(&charged, platform).ok())
+            let c = charges(&o, stage);
+            (c.hlo.topology, c.mosaic)
         }
         None => (o.topology.clone(), None),
     };
@@ -152,7 +145,7 @@ fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
 /// ranks on topology `t` (the rewrite forced, so a plan comes back even
 /// where it would not pay), and its predicted times: this command's rows.
 /// With `mosaic` (the options that charge equarx's Mosaic kernels,
-/// [`mosaic_charges`]), the kernels' plan where it is predicted faster.
+/// [`charges`]), the kernels' plan where it is predicted faster.
 pub fn model_bf16(
     p: usize,
     bytes: u64,

@@ -81,7 +81,7 @@ pub struct QuantizeCollectives {
 /// tiling nothing fuses what the pass emits, so the kernels are those
 /// libtpu makes of a rewrite there, and the wire's codes travel in the
 /// 128-byte rows of their tiles.
-pub fn charged_at(topology: &Topology, stage: Stage) -> Topology {
+fn charged_at(topology: &Topology, stage: Stage) -> Topology {
     let mut t = topology.clone();
     if stage == Stage::Tiled {
         t.kernels = TPU_HOOK_KERNELS;
@@ -96,7 +96,7 @@ pub fn charged_at(topology: &Topology, stage: Stage) -> Topology {
 /// kernel a phase step and the codes in unpadded rows of 128 lanes. An
 /// error says why the kernels are not in play: not XLA:TPU, `kernels=hlo`,
 /// or options that rule out the plan they take.
-pub fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, String> {
+fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, String> {
     if platform != Platform::Tpu {
         return Err(format!("Mosaic kernels are XLA:TPU's, not {platform}'s"));
     }
@@ -110,6 +110,30 @@ pub fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, 
     // The kernels' codes are rows of 128 lanes, two blocks each.
     o.topology.wire_row_bytes = 0;
     Ok(o)
+}
+
+/// What the time model charges a rewrite at `stage`, the pass and `equarx
+/// model` alike: the platform the options resolve to there, the options
+/// charging the HLO emission (`charged_at`) and, where the Mosaic kernels
+/// are in play, the options charging them (`mosaic_charges`).
+pub struct Charges {
+    pub platform: Platform,
+    pub hlo: Options,
+    pub mosaic: Option<Options>,
+}
+
+pub fn charges(options: &Options, stage: Stage) -> Charges {
+    let platform = Platform::resolve(options.platform, stage, &options.topology);
+    let hlo = Options {
+        topology: charged_at(&options.topology, stage),
+        ..options.clone()
+    };
+    let mosaic = mosaic_charges(&hlo, platform).ok();
+    Charges {
+        platform,
+        hlo,
+        mosaic,
+    }
 }
 
 /// Of the HLO emission's choice and the Mosaic kernels' (where they take
@@ -141,10 +165,12 @@ impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
     /// module's device counts and its stage in XLA's pipeline; the platform
     /// the options leave to `auto` is resolved here, once.
-    pub fn new(mut options: Options, counts: DeviceCounts, stage: Stage) -> Self {
-        let platform = Platform::resolve(options.platform, stage, &options.topology);
-        options.topology = charged_at(&options.topology, stage);
-        let mosaic = mosaic_charges(&options, platform).ok();
+    pub fn new(options: Options, counts: DeviceCounts, stage: Stage) -> Self {
+        let Charges {
+            platform,
+            hlo: options,
+            mosaic,
+        } = charges(&options, stage);
         QuantizeCollectives {
             options,
             mosaic,
@@ -184,8 +210,11 @@ impl QuantizeCollectives {
     /// (a two-shot all-reduce) and only the operand kept them out.
     fn why_not_mosaic(&self, c: &eligibility::Candidate, plan: &Plan) -> Option<String> {
         let asked = self.options.kernels == Some(Kernels::Mosaic);
-        if let Err(why) = mosaic_charges(&self.options, self.platform) {
-            return asked.then_some(why);
+        if self.mosaic.is_none() {
+            // Not in play: say why only to whom asked for them.
+            return mosaic_charges(&self.options, self.platform)
+                .err()
+                .filter(|_| asked);
         }
         let kernels_plan =
             plan.collective == Collective::AllReduce && plan.config.algorithm == Algorithm::TwoShot;
