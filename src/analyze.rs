@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use equarx::ir::Module;
+use equarx::passes::Platform;
 use equarx::passes::quantize_collectives::report::{CollectiveOp, describe};
 
 use crate::args::{InputArgs, PassArgs};
@@ -89,10 +90,15 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
         say!("{}", serde_json::to_string_pretty(&r.report)?);
         return Ok(());
     }
+    // Given (`--topology` is what asked for the prediction), so the one the
+    // pass charged.
+    let topology = options
+        .pass
+        .topology_for(options.pass.platform.unwrap_or(Platform::Tpu));
     say!(
         "model (not a measurement): {} ({})",
-        options.pass.topology.name,
-        options.pass.topology.source
+        topology.name,
+        topology.source
     );
     use Align::{Left, Right};
     let mut t = Columns::new(&[

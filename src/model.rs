@@ -9,6 +9,7 @@ use clap::Args;
 use equarx::Options;
 use equarx::cost::{Prediction, Topology, predict};
 use equarx::numerics::error::Data;
+use equarx::passes::Platform;
 use equarx::passes::quantize_collectives::choose::{Payload, choose_plan};
 use equarx::passes::quantize_collectives::skip::SkipReason;
 use equarx::passes::quantize_collectives::{charges, faster};
@@ -43,9 +44,9 @@ pub fn run(a: ModelArgs) -> Result<()> {
     let (topology, mosaic) = match o.stage {
         Some(stage) => {
             let c = charges(&o, stage);
-            (c.hlo.topology, c.mosaic)
+            (c.hlo.topology_for(c.platform), c.mosaic)
         }
-        None => (o.topology.clone(), None),
+        None => (o.topology_for(o.platform.unwrap_or(Platform::Tpu)), None),
     };
     if let Some(path) = &a.plot {
         plot_speedups(&a, &o, path)?;
@@ -85,7 +86,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
             "kernels: equarx's own Mosaic kernels for the two-shot plans they take, {} per phase, \
              their codes in unpadded rows; a row says (mosaic) where they are predicted faster \
              (an operand they cannot take keeps the HLO form: see the report)",
-            m.topology.kernels.phase
+            m.topology_for(Platform::Tpu).kernels.phase
         );
     }
     if topology.wire_row_bytes > 0 {
@@ -154,7 +155,7 @@ pub fn model_bf16(
     mosaic: Option<&Options>,
 ) -> Result<(Plan, Prediction), SkipReason> {
     let options = Options {
-        topology: t.clone(),
+        topology: Some(t.clone()),
         ..options.clone()
     };
     let payload = Payload {
@@ -170,7 +171,7 @@ pub fn model_bf16(
         None => hlo?,
     };
     let charged = match (choice.plan.config.kernels, mosaic) {
-        (Kernels::Mosaic, Some(m)) => &m.topology,
+        (Kernels::Mosaic, Some(m)) => m.topology.as_ref().unwrap_or(t),
         _ => t,
     };
     let prediction = predict(charged, &choice.plan, bytes, 2.0);

@@ -302,7 +302,7 @@ fn case() -> impl Strategy<Value = Case> {
                     pipeline_depth: depth,
                     bidirectional: bidi,
                     min_payload_bytes: Some(0),
-                    topology: equarx::cost::Topology::parse(topology).unwrap(),
+                    topology: Some(equarx::cost::Topology::parse(topology).unwrap()),
                     scale_type: if f32_scales {
                         ScaleType::F32
                     } else {

@@ -327,7 +327,7 @@ fn by_default_the_cost_model_decides_and_a_threshold_overrides_it() {
     let (big, counts) = psum_of(&[8192, 8192]);
     for topology in ["v5e", "h100"] {
         let mut o = RewriteOptions::default();
-        o.pass.topology = equarx::cost::Topology::parse(topology).unwrap();
+        o.pass.topology = Some(equarx::cost::Topology::parse(topology).unwrap());
         let r = equarx::rewrite(big.clone(), counts, &o).unwrap();
         let t = r.report[0].predicted_time.as_ref().unwrap();
         assert!(
@@ -352,6 +352,30 @@ fn by_default_the_cost_model_decides_and_a_threshold_overrides_it() {
             .unwrap()
             .contains("below the minimum")
     );
+}
+
+#[test]
+fn unless_told_the_cost_model_prices_xla_gpu_as_an_h100_node_and_the_others_as_v5e() {
+    // 32 MiB of bf16 at P = 8: above v5e's break-even, below an H100
+    // node's, so the two defaults decide differently.
+    let (m, counts) = psum_of(&[4096, 4096]);
+    let priced = |platform, topology: Option<&str>| {
+        let mut o = RewriteOptions::default();
+        o.pass.stage = Some(Stage::PreFusion);
+        o.pass.platform = Some(platform);
+        o.pass.topology = topology.map(|t| equarx::cost::Topology::parse(t).unwrap());
+        let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+        let op = r.report[0].clone();
+        let t = op.predicted_time.expect("priced");
+        (t.topology, r.changed)
+    };
+    use equarx::Platform::{Cpu, Gpu, Tpu};
+    assert_eq!(priced(Gpu, None), ("h100".to_string(), false));
+    assert_eq!(priced(Tpu, None), ("v5e".to_string(), true));
+    assert_eq!(priced(Cpu, None), ("v5e".to_string(), true));
+    // A topology given is the one priced, on any platform.
+    assert_eq!(priced(Gpu, Some("v5e")), ("v5e".to_string(), true));
+    assert_eq!(priced(Tpu, Some("h100")).0, "h100");
 }
 
 #[test]
@@ -996,7 +1020,7 @@ fn a_rewrite_stays_under_200_instructions_for_any_group_size() {
                     let mut o = RewriteOptions::default();
                     o.pass.min_payload_bytes = Some(0);
                     o.pass.stage = Some(stage);
-                    o.pass.topology = equarx::cost::Topology::parse(topology).unwrap();
+                    o.pass.topology = Some(equarx::cost::Topology::parse(topology).unwrap());
                     let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
                     // A payload below P·B is padded past what it saves.
                     if elements < p * 64 {

@@ -35,10 +35,12 @@
  *       Rewrite only all-reduces of at least this many bytes (in their own
  *       type) instead of asking the cost model; 0 rewrites every eligible
  *       all-reduce.
- *   topology  TOPOLOGY (default: v5e):
+ *   topology  TOPOLOGY (default: v5e; h100 where XLA:GPU compiles):
  *       The machine the cost model predicts for: v5e, v6e, v5p, h100, h200,
  *       optionally with a slice shape (v5e:4x4; a slice smaller than the
- *       torus has no wraparound). The figures are a model.
+ *       torus has no wraparound). Unset: h100 where XLA:GPU compiles the
+ *       rewrite (--platform gpu, XLA:GPU's hook, enable() on a GPU), else
+ *       v5e. The figures are a model.
  *   types  TYPE,... (default: bf16):
  *       Element types to quantize (bf16, f16, f32). XLA:CPU promotes bf16
  *       all-reduces to f32 before scheduling: use bf16,f32 there.

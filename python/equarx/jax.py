@@ -19,8 +19,8 @@ undone at the block's end, exceptions included, back to whatever was
 registered before (another ``enable``'s registration, or none). XLA:CPU
 promotes bf16 all-reduces to f32 before equarx's stage, hence
 ``types=("bf16", "f32")`` there; TPU keeps bf16. ``min_payload=0`` rewrites
-every eligible op, where by default the time model (``topology``, v5e)
-skips those too small to pay.
+every eligible op, where by default the time model (``topology``: h100 on
+a GPU, else v5e) skips those too small to pay.
 
 :func:`enable` registers a callback with
 ``jax.extend.xla.register_hlo_module_transformation`` at the pre-scheduler

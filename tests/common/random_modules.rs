@@ -337,7 +337,8 @@ impl Case {
         // The pass sends the chosen plan's messages as its platform takes
         // them (the modules are before XLA's fusion).
         let stage = Stage::PreFusion;
-        let platform = Platform::resolve(self.options.platform, stage, &self.options.topology);
+        let platform =
+            Platform::resolve(self.options.platform, stage, self.options.topology.as_ref());
         plan.config.wire = platform.wire(stage, &plan);
         (plan.wire_bytes() < ring_wire_bytes(p, payload)).then_some(plan)
     }

@@ -89,8 +89,9 @@ crate::choice_enum! {
 /// half the bandwidth (`equarx model`). One lane per direction and the loop
 /// form keep a rewritten all-reduce under 200 instructions for any P.
 /// Which collectives are worth it, and with which algorithm, is the cost
-/// model's call ([`crate::cost`], TPU v5e unless told otherwise); a minimum
-/// payload replaces the model when given, an error budget restricts it.
+/// model's call ([`crate::cost`]: TPU v5e, or an H100 node for XLA:GPU,
+/// unless told otherwise); a minimum payload replaces the model when
+/// given, an error budget restricts it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// Elements per quantization block (B).
@@ -102,8 +103,9 @@ pub struct Options {
     /// Collectives with a smaller payload (bytes, in their own type) stay;
     /// `None`: the cost model decides, on [`Options::topology`].
     pub min_payload_bytes: Option<u64>,
-    /// The machine the cost model predicts for.
-    pub topology: Topology,
+    /// The machine the cost model predicts for; `None`: the platform's
+    /// ([`Options::topology_for`]).
+    pub topology: Option<Topology>,
     /// Element types that are quantized.
     pub element_types: Vec<PrimitiveType>,
     pub scale_type: ScaleType,
@@ -150,7 +152,7 @@ impl Default for Options {
             pipeline_depth: plan.pipeline_depth,
             bidirectional: plan.bidirectional,
             min_payload_bytes: None,
-            topology: Topology::parse(DEFAULT_TOPOLOGY).unwrap_or_else(|e| unreachable!("{e}")),
+            topology: None,
             element_types: vec![PrimitiveType::Bf16],
             scale_type: plan.scale_type,
             quant_format: plan.format,
@@ -198,10 +200,26 @@ impl Options {
             kernels: Kernels::Hlo,
         }
     }
+
+    /// The machine the cost model predicts for when `platform` compiles
+    /// the rewrite: the one given, else [`DEFAULT_GPU_TOPOLOGY`] on XLA:GPU
+    /// and [`DEFAULT_TOPOLOGY`] on the others (XLA:CPU has no figures of
+    /// its own).
+    pub fn topology_for(&self, platform: Platform) -> Topology {
+        self.topology.clone().unwrap_or_else(|| {
+            let name = match platform {
+                Platform::Gpu => DEFAULT_GPU_TOPOLOGY,
+                Platform::Tpu | Platform::Cpu => DEFAULT_TOPOLOGY,
+            };
+            Topology::parse(name).unwrap_or_else(|e| unreachable!("{e}"))
+        })
+    }
 }
 
-/// The topology the cost model assumes unless told: the paper's TPU.
+/// The topology the cost model assumes unless told: the paper's TPU, and
+/// an H100 node where XLA:GPU compiles the rewrite.
 pub const DEFAULT_TOPOLOGY: &str = "v5e";
+pub const DEFAULT_GPU_TOPOLOGY: &str = "h100";
 
 /// Largest accepted block size and pipeline depth: far beyond any useful
 /// value, small enough that size arithmetic cannot overflow.

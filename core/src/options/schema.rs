@@ -221,19 +221,21 @@ pub static OPTIONS: &[OptionSpec] = &[
         syntax: Syntax::Text("TOPOLOGY"),
         help: "The machine the cost model predicts for: v5e, v6e, v5p, h100, h200, optionally \
                with a slice shape (v5e:4x4; a slice smaller than the torus has no \
-               wraparound). The figures are a model.",
+               wraparound). Unset: h100 where XLA:GPU compiles the rewrite (--platform gpu, \
+               XLA:GPU's hook, enable() on a GPU), else v5e. The figures are a model.",
         why: "the machine the cost model predicts for: the pass rewrites an all-reduce only \
               where the model predicts a gain, launches of the kernels XLA compiles for it included \
-              (on v5e from about 20 MiB at P = 8, on h100 from about 40 MiB); also \
-              v6e, v5p, h100, h200, slices like `v5e:4x4`",
-        unset: "",
+              (on v5e from about 20 MiB at P = 8, on h100 from about 40 MiB); an XLA:GPU \
+              compile is priced as an H100 node, any other as the paper's v5e; also \
+              v6e, v5p, h200, slices like `v5e:4x4`",
+        unset: "v5e; h100 where XLA:GPU compiles",
         example: "h100",
         refused: Some(("v9x", "unknown topology")),
         set: |o, v| {
-            o.pass.topology = crate::cost::Topology::parse(&text(v)?)?;
+            o.pass.topology = nullable(v, |v| crate::cost::Topology::parse(&text(v)?))?;
             Ok(())
         },
-        show: |o| Some(o.pass.topology.name.clone()),
+        show: |o| o.pass.topology.as_ref().map(|t| t.name.clone()),
         check: any,
     },
     OptionSpec {

@@ -157,11 +157,6 @@ impl Platform {
         }
     }
 
-    /// The platform the pass emits for: `given`, or the one the stage
-    /// shows (past a tiling assignment XLA:TPU, past fusion XLA:CPU, whose
-    /// hook sits there), or else the one of the topology the cost model
-    /// predicts for (a switched fabric is a GPU node; the others are TPU
-    /// slices).
     /// The compiler whose pre-scheduler hook shows a module at `stage`:
     /// XLA:TPU's past its tiling assignment, XLA:CPU's past fusion, and
     /// XLA:GPU's before fusion.
@@ -173,12 +168,17 @@ impl Platform {
         }
     }
 
-    pub fn resolve(given: Option<Platform>, stage: Stage, topology: &Topology) -> Platform {
+    /// The platform the pass emits for: `given`, or the one the stage
+    /// shows (past a tiling assignment XLA:TPU, past fusion XLA:CPU, whose
+    /// hook sits there), or else the one of the topology given for the
+    /// cost model (a switched fabric is a GPU node; the others, and none
+    /// given, are TPU slices).
+    pub fn resolve(given: Option<Platform>, stage: Stage, topology: Option<&Topology>) -> Platform {
         match (given, stage) {
             (Some(p), _) => p,
             (None, Stage::Tiled) => Platform::Tpu,
             (None, Stage::Fused) => Platform::Cpu,
-            (None, Stage::PreFusion) if topology.switched() => Platform::Gpu,
+            (None, Stage::PreFusion) if topology.is_some_and(Topology::switched) => Platform::Gpu,
             (None, Stage::PreFusion) => Platform::Tpu,
         }
     }
@@ -326,13 +326,14 @@ mod tests {
         );
         let resolve = |given, stage, t| Platform::resolve(given, stage, t);
         assert_eq!(
-            resolve(Some(Platform::Gpu), Stage::Tiled, &v5e),
+            resolve(Some(Platform::Gpu), Stage::Tiled, Some(&v5e)),
             Platform::Gpu
         );
-        assert_eq!(resolve(None, Stage::Tiled, &h100), Platform::Tpu);
-        assert_eq!(resolve(None, Stage::Fused, &v5e), Platform::Cpu);
-        assert_eq!(resolve(None, Stage::PreFusion, &v5e), Platform::Tpu);
-        assert_eq!(resolve(None, Stage::PreFusion, &h100), Platform::Gpu);
+        assert_eq!(resolve(None, Stage::Tiled, Some(&h100)), Platform::Tpu);
+        assert_eq!(resolve(None, Stage::Fused, Some(&v5e)), Platform::Cpu);
+        assert_eq!(resolve(None, Stage::PreFusion, Some(&v5e)), Platform::Tpu);
+        assert_eq!(resolve(None, Stage::PreFusion, None), Platform::Tpu);
+        assert_eq!(resolve(None, Stage::PreFusion, Some(&h100)), Platform::Gpu);
     }
 
     #[test]

@@ -24,9 +24,10 @@
 
 use super::eligibility::Candidate;
 use super::skip::SkipReason;
-use crate::cost::{PredictedTime, Prediction, predict};
+use crate::cost::{PredictedTime, Prediction, Topology, predict};
 use crate::numerics::error::{Data, predicted};
 use crate::options::Options;
+use crate::passes::Platform;
 use crate::plan::{
     Algorithm, Collective, Config, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
 };
@@ -110,8 +111,8 @@ pub fn choose(c: &Candidate, data: Data, options: &Options) -> Result<Choice, Sk
 
 /// The two-level grid `--topology` names for a group of `p`: its 2-D slice
 /// shape, when that has `p` devices.
-fn topology_grid(p: usize, options: &Options) -> Option<Grid> {
-    match options.topology.slice.as_slice() {
+fn topology_grid(p: usize, topology: &Topology) -> Option<Grid> {
+    match topology.slice.as_slice() {
         &[outer, inner] if outer >= 2 && inner >= 2 => {
             let (outer, inner) = (outer as usize, inner as usize);
             (outer.checked_mul(inner) == Some(p)).then_some(Grid { outer, inner })
@@ -122,8 +123,8 @@ fn topology_grid(p: usize, options: &Options) -> Option<Grid> {
 
 /// The configurations `options` allow for a group of `p`: every allowed
 /// algorithm, each without and (where allowed) with rotation.
-fn configurations(p: usize, options: &Options) -> Vec<Config> {
-    let grid = topology_grid(p, options);
+fn configurations(p: usize, options: &Options, topology: &Topology) -> Vec<Config> {
+    let grid = topology_grid(p, topology);
     let algorithms: Vec<Algorithm> = match options.algorithm {
         Some(algorithm) => vec![algorithm],
         // Two-level only where the machine is a 2-D slice of the group.
@@ -176,10 +177,24 @@ pub fn choose_plan(
     data: Data,
     options: &Options,
 ) -> Result<Choice, SkipReason> {
-    let configs = candidates(p, payload.collective, options)?;
-    let scored = predictions(p, payload, data, options, configs)?;
+    let topology = charged(options);
+    let configs = candidates(p, payload.collective, options, &topology)?;
+    let scored = predictions(p, payload, data, &topology, configs)?;
     let within = within_budget(scored, options)?;
-    worth_it(p, payload, forced, options, fastest_most_exact(within))
+    worth_it(
+        p,
+        payload,
+        forced,
+        options,
+        &topology,
+        fastest_most_exact(within),
+    )
+}
+
+/// The machine the time model charges: the topology [`super::charges`]
+/// set, else the platform's (where `choose_plan` is called directly).
+fn charged(options: &Options) -> Topology {
+    options.topology_for(options.platform.unwrap_or(Platform::Tpu))
 }
 
 /// Step 1: the configurations to plan for `collective` over groups of `p`.
@@ -187,8 +202,9 @@ fn candidates(
     p: usize,
     collective: Collective,
     options: &Options,
+    topology: &Topology,
 ) -> Result<Vec<Config>, SkipReason> {
-    let mut configs = configurations(p, options);
+    let mut configs = configurations(p, options, topology);
     // The gather and the exchange of rows have no reduce algorithm to pick.
     // Kept: their one schedule is the plan's collective, and `Ring` here is
     // only the value one `Config` type for every kind must hold (their
@@ -219,7 +235,7 @@ fn predictions(
     p: usize,
     payload: &Payload,
     data: Data,
-    options: &Options,
+    topology: &Topology,
     configs: Vec<Config>,
 ) -> Result<Vec<Scored>, SkipReason> {
     let mut scored = Vec::new();
@@ -231,12 +247,7 @@ fn predictions(
         };
         match planned {
             Ok(plan) => scored.push(Scored {
-                time: predict(
-                    &options.topology,
-                    &plan,
-                    payload.bytes,
-                    payload.element_bytes(),
-                ),
+                time: predict(topology, &plan, payload.bytes, payload.element_bytes()),
                 error_pct: 100.0 * predicted(&plan, data, payload.mantissa_bits),
                 plan,
             }),
@@ -329,6 +340,7 @@ fn worth_it(
     payload: &Payload,
     forced: bool,
     options: &Options,
+    topology: &Topology,
     chosen: Scored,
 ) -> Result<Choice, SkipReason> {
     let (plan, prediction) = (chosen.plan, chosen.time);
@@ -342,7 +354,7 @@ fn worth_it(
         });
     }
     let time = PredictedTime {
-        topology: options.topology.name.clone(),
+        topology: topology.name.clone(),
         baseline_us: prediction.baseline_us,
         equarx_us: prediction.equarx_us,
         speedup: prediction.speedup(),
@@ -352,7 +364,7 @@ fn worth_it(
             time,
             collective: payload.collective.opcode(),
             plan: plan.algorithm_name(),
-            padded: options.topology.wire_row_bytes > 0,
+            padded: topology.wire_row_bytes > 0,
         });
     }
     Ok(Choice { plan, time })

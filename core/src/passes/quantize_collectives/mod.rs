@@ -104,18 +104,23 @@ fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, Stri
         return Err("kernels=hlo".into());
     }
     emit::mosaic::takes_options(options)?;
-    let mut o = options.clone();
-    o.algorithm = Some(Algorithm::TwoShot);
-    o.topology.kernels.phase = MOSAIC_PHASE_KERNELS;
+    let mut topology = options.topology_for(platform);
+    topology.kernels.phase = MOSAIC_PHASE_KERNELS;
     // The kernels' codes are rows of 128 lanes, two blocks each.
-    o.topology.wire_row_bytes = 0;
-    Ok(o)
+    topology.wire_row_bytes = 0;
+    Ok(Options {
+        algorithm: Some(Algorithm::TwoShot),
+        topology: Some(topology),
+        ..options.clone()
+    })
 }
 
 /// What the time model charges a rewrite at `stage`, the pass and `equarx
 /// model` alike: the platform the options resolve to there, the options
 /// charging the HLO emission (`charged_at`) and, where the Mosaic kernels
-/// are in play, the options charging them (`mosaic_charges`).
+/// are in play, the options charging them (`mosaic_charges`). Both name
+/// their topology: the one given, else the platform's
+/// ([`Options::topology_for`]).
 pub struct Charges {
     pub platform: Platform,
     pub hlo: Options,
@@ -123,9 +128,9 @@ pub struct Charges {
 }
 
 pub fn charges(options: &Options, stage: Stage) -> Charges {
-    let platform = Platform::resolve(options.platform, stage, &options.topology);
+    let platform = Platform::resolve(options.platform, stage, options.topology.as_ref());
     let hlo = Options {
-        topology: charged_at(&options.topology, stage),
+        topology: Some(charged_at(&options.topology_for(platform), stage)),
         ..options.clone()
     };
     let mosaic = mosaic_charges(&hlo, platform).ok();
