@@ -83,10 +83,12 @@ pub fn run(a: ModelArgs) -> Result<()> {
     );
     if let Some(m) = &mosaic {
         say!(
-            "kernels: equarx's own Mosaic kernels for the two-shot plans they take, {} per phase, \
-             their codes in unpadded rows; a row says (mosaic) where they are predicted faster \
-             (an operand they cannot take keeps the HLO form: see the report)",
-            m.topology_for(Platform::Tpu).kernels.phase
+            "kernels: equarx's own Mosaic kernels for the plans they take (two-shot's \
+             all-reduce, an all-gather), {} per phase and {} per op, their codes in unpadded \
+             rows; a row says (mosaic) where they are predicted faster (an operand they cannot \
+             take keeps the HLO form: see the report)",
+            m.topology_for(Platform::Tpu).kernels.phase,
+            m.topology_for(Platform::Tpu).kernels.op
         );
     }
     if topology.wire_row_bytes > 0 {

@@ -32,7 +32,8 @@
 //!   Mosaic kernels, and the plan must say so.
 //! - `hook::PLAN@TOPOLOGY`: the same `kernels=mosaic` psums through
 //!   XLA:TPU's pre-scheduler hook, past its layout assignment, where every
-//!   array of the kernels carries libtpu's tiles.
+//!   array of the kernels carries libtpu's tiles; the kernels' all-gathers
+//!   at both doors too, and at the hook of 64 chips.
 //! - `kernels::PLAN@P=N`: those kernels' text run on the host by
 //!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
 //!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
@@ -292,6 +293,35 @@ fn main() {
             },
         });
     }
+    // Their all-gather (quantize, dequantize), which has no sum to unroll:
+    // every generation, and 64 chips at the hook (where libtpu makes an
+    // all-reduce of a small all-gather before the hook: 2 MiB a rank stays
+    // an all-gather).
+    let gathers = mosaic
+        .iter()
+        .map(|&(t, d, r)| (t, d, r, 128, ["before", "hook"].as_slice()))
+        .chain([("v5e:8x8", 64, "hadamard", 512, ["hook"].as_slice())]);
+    for (topology, devices, rotation, rows, doors) in gathers {
+        for &door in doors {
+            let prefix = if door == "hook" { "hook" } else { "before_xla" };
+            let cols = if rows == 128 { 1024 } else { 2048 };
+            batches.entry(topology.to_string()).or_default().push(Job {
+                name: format!("{prefix}::all-gather+{rotation}+int8+mosaic@{topology}"),
+                spec: json!({
+                    "program": "all_gather", "devices": devices, "rows": rows, "cols": cols,
+                    "door": door,
+                    "options": {"min_payload_bytes": 0, "rotation": rotation,
+                                "quant_format": "int8", "kernels": "mosaic"},
+                }),
+                expect: Want::Plan {
+                    algorithm: "gather".to_string(),
+                    rotation: rotation.to_string(),
+                    platform: "tpu",
+                    kernels: "mosaic",
+                },
+            });
+        }
+    }
     // P = 3 carries an odd part through the sum's halves; P = 8 adds three
     // levels of them.
     for (rotation, devices, shape) in [
@@ -304,7 +334,19 @@ fn main() {
             format!(
                 "kernels::two-shot+{rotation}@P={devices} (Mosaic text against equarx's emission)"
             ),
-            move || kernel_check(rotation, devices, shape).map_err(Failed::from),
+            move || kernel_check("psum", rotation, devices, shape).map_err(Failed::from),
+        ));
+    }
+    for (rotation, devices, shape) in [
+        ("hadamard", 4, "128,640"),
+        ("none", 3, "256,256"),
+        ("hadamard", 8, "128,1024"),
+    ] {
+        trials.push(Trial::test(
+            format!(
+                "kernels::all-gather+{rotation}@P={devices} (Mosaic text against equarx's emission)"
+            ),
+            move || kernel_check("all-gather", rotation, devices, shape).map_err(Failed::from),
         ));
     }
     trials.push(Trial::test(
@@ -342,17 +384,25 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
-/// `bench/compile/kernel_probe.py --check`: the two-shot's three Mosaic
+/// `bench/compile/kernel_probe.py --check`: the psum's three Mosaic
 /// kernels, equarx's own (`kernels=mosaic`) and the probe's Pallas ones, as
 /// the text libtpu compiles (run by `tests/compilers/mosaic.py`) and in
-/// Pallas's interpreter, bit for bit against equarx's HLO emission of the
-/// same plan for XLA:TPU on 4 XLA:CPU devices: the kernels' XLA:CPU twin.
-fn kernel_check(rotation: &str, devices: usize, shape: &str) -> Result<(), String> {
+/// Pallas's interpreter (an all-gather's two: equarx's), bit for bit
+/// against equarx's HLO emission of the same plan for XLA:TPU on P XLA:CPU
+/// devices: the kernels' XLA:CPU twin.
+fn kernel_check(
+    collective: &str,
+    rotation: &str,
+    devices: usize,
+    shape: &str,
+) -> Result<(), String> {
     let py = common::venv(common::Venv::Compilers)?;
     let repo = common::repo();
     let mut cmd = Command::new(&py);
     cmd.arg(repo.join("bench/compile/kernel_probe.py")).args([
         "--check",
+        "--collective",
+        collective,
         "--devices",
         &devices.to_string(),
         "--shape",
@@ -367,7 +417,8 @@ fn kernel_check(rotation: &str, devices: usize, shape: &str) -> Result<(), Strin
         .output()
         .map_err(|e| format!("run kernel_probe.py: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    if out.status.success() && stdout.matches("differing bits 0 ").count() == 3 {
+    let sides = if collective == "psum" { 3 } else { 1 };
+    if out.status.success() && stdout.matches("differing bits 0 ").count() == sides {
         return Ok(());
     }
     Err(format!(
@@ -654,7 +705,7 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
             };
             if report.len() != 1 || !planned(&report[0]) || !quantized {
                 return Err(format!(
-                    "{name}: expected the one psum rewritten as {algorithm}+{rotation} for {platform} \
+                    "{name}: expected the one op rewritten as {algorithm}+{rotation} for {platform} \
                      (the door passes the platform it lowered for), {kernels} kernels, with \
                      quantized codes on the wire; {}",
                     summary()

@@ -623,6 +623,49 @@ fn by_default_xla_tpu_gets_the_mosaic_kernels_where_they_take_the_op() {
     );
     // A plan the kernels do not write is no news.
     assert_eq!(rewrite(&[1024, 1024], Tpu, Ring), (Hlo, String::new()));
+
+    // An all-gather along its rows is theirs too (quantize, dequantize),
+    // at any group size; along the rows' inside, or in rows that are not
+    // whole slabs of 128 a rank, it keeps HLO and says why.
+    let gather = |dims: &[i64], dim, p: usize| {
+        use common::modules::{CollectiveSpec, collective_module};
+        let m = collective_module(&CollectiveSpec {
+            name: "gather",
+            collective: equarx::plan::Collective::AllGather,
+            dims,
+            dim: Some(dim),
+            groups: &[(0..p).collect()],
+            replicas: false,
+            async_pair: false,
+        });
+        let counts = DeviceCounts {
+            replica_count: Some(1),
+            num_partitions: Some(p as i64),
+        };
+        let o = options(|o| {
+            o.stage = Some(Stage::PreFusion);
+            o.platform = Some(Tpu);
+            o.kernels = None;
+        });
+        let r = equarx::rewrite(m, counts, &o).unwrap();
+        let op = r.report[0].clone();
+        let kernels = op.plan.as_ref().expect("rewritten").config.kernels;
+        (kernels, op.reason.unwrap_or_default())
+    };
+    assert_eq!(gather(&[256, 1024], 0, 4), (Mosaic, String::new()));
+    assert_eq!(gather(&[1, 128, 512], 1, 16), (Mosaic, String::new()));
+    for (dims, dim, why) in [
+        (
+            &[256i64, 2, 512][..],
+            1,
+            "does not keep a rank's rows together",
+        ),
+        (&[96, 1024][..], 0, "a multiple of 128 per rank"),
+    ] {
+        let (kernels, reason) = gather(dims, dim, 4);
+        assert_eq!(kernels, Hlo, "{dims:?}");
+        assert!(reason.contains(why), "{dims:?}: {reason}");
+    }
 }
 
 #[test]

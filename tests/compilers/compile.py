@@ -13,7 +13,7 @@ unregistered; the options change per job through `equarx_pjrt_configure`):
      "library": "/path/libequarx.so",
      "jobs": [{"name": ..., "module": "case.hlo" (HLO text) | "m.pb",
                "replicas": R, "partitions": P, "door": "hook", "options": {...}}
-              | {"name": ..., "program": "psum", "devices": N, "rows": R, "cols": C,
+              | {"name": ..., "program": "psum" | "all_gather", "devices": N, "rows": R, "cols": C,
                  "door": "hook" | "before", "options": {...}}]}
 
 The result per job (JSON lines, one per job, flushed as each ends):
@@ -224,7 +224,8 @@ class Compiler:
 
 def compile_program(compiler, equarx_hook, job):
     """A `shard_map` psum of `rows x cols` per device (bf16) over the
-    topology's first `devices` devices, lowered by JAX; with door `before`,
+    topology's first `devices` devices (program `all_gather`: an all-gather
+    of those rows), lowered by JAX; with door `before`,
     rewritten by `equarx.jax.rewrite_lowered` with the job's options,
     through the hook (`equarx_hook`, configured) otherwise. Returns the
     executable, compile wall and CPU seconds, and the door's report."""
@@ -235,8 +236,14 @@ def compile_program(compiler, equarx_hook, job):
     import equarx.jax
     n = job["devices"]
     mesh = Mesh(np.array(compiler.devices[:n]), ("x",))
-    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh,
-                              in_specs=P("x"), out_specs=P()))
+    if job["program"] == "all_gather":
+        # Every rank holds the gathered rows; shard_map cannot infer that.
+        f = jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh=mesh,
+                          in_specs=P("x"), out_specs=P(), check_vma=False)
+    else:
+        f = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"),
+                          out_specs=P())
+    f = jax.jit(f)
     arg = jax.ShapeDtypeStruct((n * job["rows"], job["cols"]), jnp.bfloat16,
                                sharding=NamedSharding(mesh, P("x")))
     lowered = f.lower(arg)

@@ -20,7 +20,8 @@
 //!                      torus: (P−1)·α + k·phase + bytes / β_ring
 //! ```
 //!
-//! where `k` is one kernel's launch cost (a model assumption) and the
+//! plus `k·op` once an op (the kernels outside its phases: the Mosaic
+//! plans' dequantize), where `k` is one kernel's launch cost (a model assumption) and the
 //! kernel counts ([`Kernels`]) are what XLA:TPU and XLA:GPU compiled of
 //! equarx's rewrites, counted in their compiled modules: every kernel a
 //! hop runs pays its launch, not one per hop.
@@ -98,6 +99,10 @@ pub struct Kernels {
     /// collective's relayouts and its dequantize(-accumulate); the
     /// rotation of a plan without a ring is counted here too.
     pub phase: f64,
+    /// Once per op, outside its phases: none in the HLO emission, whose
+    /// phases hold every kernel; the dequantize of equarx's Mosaic plans
+    /// ([`MOSAIC_KERNELS`]).
+    pub op: f64,
     /// Which compiler made the modules the counts come from.
     pub source: &'static str,
 }
@@ -111,6 +116,7 @@ const TPU_KERNELS: Kernels = Kernels {
     ring_hop: 7.5,
     ring_phase: 19.0,
     phase: 6.0,
+    op: 0.0,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled",
 };
 
@@ -130,6 +136,7 @@ pub const TPU_HOOK_KERNELS: Kernels = Kernels {
     ring_hop: 9.0,
     ring_phase: 11.0,
     phase: 7.0,
+    op: 0.0,
     source: "XLA:TPU (libtpu 0.0.42.1) compiled at its hook",
 };
 
@@ -137,12 +144,21 @@ pub const TPU_HOOK_KERNELS: Kernels = Kernels {
 /// 128 lanes, the bytes of a row of s8 codes in `T(8,128)(4,1)` tiles.
 pub const TILED_WIRE_ROW_BYTES: u32 = 128;
 
-/// Kernels a phase when equarx writes two-shot's steps as Mosaic kernels
-/// (`kernels=mosaic`): quantize, sum and dequantize over the exchange and
-/// the gather, 3 an op, counted in what libtpu 0.0.42.1 compiled through
-/// either door (BENCHMARKS.md, "equarx's own Mosaic kernels"). The pass
-/// charges it to the plans the kernels take.
-pub const MOSAIC_PHASE_KERNELS: f64 = 1.5;
+/// The kernels of the plans equarx writes as Mosaic kernels
+/// (`kernels=mosaic`, XLA:TPU): one a phase, the quantize before its
+/// collective (for two-shot's gather, the sum that requantizes what the
+/// exchange brought), and one an op, the dequantize at the end: 3 for
+/// two-shot's all-reduce, 2 for an all-gather, counted in what libtpu
+/// 0.0.42.1 compiled through either door (BENCHMARKS.md, "equarx's own
+/// Mosaic kernels"). The pass charges them to the plans the kernels take;
+/// there is no ring among those.
+pub const MOSAIC_KERNELS: Kernels = Kernels {
+    ring_hop: 0.0,
+    ring_phase: 0.0,
+    phase: 1.0,
+    op: 1.0,
+    source: "equarx's own Mosaic kernels, as libtpu 0.0.42.1 compiled them",
+};
 
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
 /// ring's loop body is 6 kernels and its condition 1, for 2 lanes (a
@@ -154,6 +170,7 @@ const GPU_KERNELS: Kernels = Kernels {
     ring_hop: 3.5,
     ring_phase: 7.5,
     phase: 4.5,
+    op: 0.0,
     source: "XLA:GPU (jax-cuda12-plugin 0.10.2) compiled",
 };
 
@@ -397,7 +414,7 @@ pub fn predict(t: &Topology, plan: &Plan, payload_bytes: u64, elem_bytes: f64) -
     let cb = plan.config.format.bits() as f64 / 8.0;
     let c = plan.chunk as f64;
     let padding = wire_padding(t, plan);
-    let (mut comm, mut hbm_bytes) = (0.0, 0.0);
+    let (mut comm, mut hbm_bytes) = (launch * kernels.op, 0.0);
     for (k, phase) in plan.phases.iter().enumerate() {
         let bytes = plan.phase_wire_bytes(k) as f64 * padding;
         let rows = plan.rows_before(k) as f64;
@@ -568,7 +585,8 @@ mod tests {
                         }
                         _ => k.phase,
                     })
-                    .sum();
+                    .sum::<f64>()
+                    + k.op;
                 let want = t.kernel_latency_us * kernels;
                 assert!(
                     want > 10.0 && (paid - want).abs() < 1e-6 * want,

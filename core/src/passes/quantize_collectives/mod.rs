@@ -50,13 +50,13 @@ use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage};
-use crate::cost::{MOSAIC_PHASE_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS, Topology};
+use crate::cost::{MOSAIC_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS, Topology};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
 use crate::options::Options;
-use crate::plan::{Algorithm, Collective, Kernels, Plan};
+use crate::plan::{Algorithm, Kernels, Plan};
 use crate::proto::{HloInstructionProto, ShapeProto};
 
 /// The pass's name, and the name it had when it rewrote all-reduces only.
@@ -92,8 +92,9 @@ fn charged_at(topology: &Topology, stage: Stage) -> Topology {
 
 /// The options under which the time model charges equarx's own Mosaic
 /// kernels (`emit/mosaic.rs`) on XLA:TPU: `options` (as [`charged_at`]
-/// left them) with two-shot forced, the one plan the kernels write, one
-/// kernel a phase step and the codes in unpadded rows of 128 lanes. An
+/// left them) with two-shot forced, the one all-reduce the kernels write
+/// (an all-gather has no algorithm to force), the kernels' counts
+/// ([`MOSAIC_KERNELS`]) and the codes in unpadded rows of 128 lanes. An
 /// error says why the kernels are not in play: not XLA:TPU, `kernels=hlo`,
 /// or options that rule out the plan they take.
 fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, String> {
@@ -105,7 +106,7 @@ fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, Stri
     }
     emit::mosaic::takes_options(options)?;
     let mut topology = options.topology_for(platform);
-    topology.kernels.phase = MOSAIC_PHASE_KERNELS;
+    topology.kernels = MOSAIC_KERNELS;
     // The kernels' codes are rows of 128 lanes, two blocks each.
     topology.wire_row_bytes = 0;
     Ok(Options {
@@ -202,7 +203,7 @@ impl QuantizeCollectives {
         };
         let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
         let kernels = choose(c, data, options).and_then(|k| {
-            emit::mosaic::fits(&k.plan, &shapes, self.stage)
+            emit::mosaic::fits(&k.plan, &shapes, self.stage, c.dimension)
                 .map(|_| k)
                 .map_err(SkipReason::Unsupported)
         });
@@ -212,7 +213,8 @@ impl QuantizeCollectives {
     /// Why an op rewritten as `plan` by HLO did not get the Mosaic kernels,
     /// where the report should say so: always when `kernels=mosaic` asked
     /// for them; with auto, on XLA:TPU, when the plan is the kernels' own
-    /// (a two-shot all-reduce) and only the operand kept them out.
+    /// (a two-shot all-reduce, an all-gather) and only the operand kept
+    /// them out.
     fn why_not_mosaic(&self, c: &eligibility::Candidate, plan: &Plan) -> Option<String> {
         let asked = self.options.kernels == Some(Kernels::Mosaic);
         if self.mosaic.is_none() {
@@ -221,10 +223,9 @@ impl QuantizeCollectives {
                 .err()
                 .filter(|_| asked);
         }
-        let kernels_plan =
-            plan.collective == Collective::AllReduce && plan.config.algorithm == Algorithm::TwoShot;
+        let kernels_plan = emit::mosaic::takes_plan(plan).is_ok();
         let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
-        let why = match emit::mosaic::fits(plan, &shapes, self.stage) {
+        let why = match emit::mosaic::fits(plan, &shapes, self.stage, c.dimension) {
             Err(why) => why,
             Ok(_) => "the time model predicts the HLO emission's plan faster".into(),
         };

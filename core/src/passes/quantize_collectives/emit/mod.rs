@@ -103,9 +103,9 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     // The plan as Mosaic kernels, where the pass chose them (`mosaic.rs`).
     if plan.config.kernels == Kernels::Mosaic {
         let shapes: Vec<&ShapeProto> = inputs.operands.iter().map(|v| &v.shape).collect();
-        match mosaic::fits(plan, &shapes, inputs.stage) {
+        match mosaic::fits(plan, &shapes, inputs.stage, inputs.dimension) {
             Ok(shape) => {
-                let values = vec![e.mosaic_two_shot(shape)];
+                let values = vec![e.mosaic_kernels(shape)];
                 return EmittedPlan {
                     values,
                     computations,

@@ -1,7 +1,10 @@
 //! Two-shot's three compute steps as Mosaic kernels for XLA:TPU (the
 //! `stable_mosaic` text a `tpu_custom_call` carries, which libtpu compiles):
 //! quantize, dequantize-sum-requantize, dequantize. Three kernels an op,
-//! where libtpu makes 9.75 to 14 of the same arithmetic in HLO.
+//! where libtpu makes 9.75 to 14 of the same arithmetic in HLO. An
+//! all-gather along its rows is the first and the last: a rank quantizes
+//! its rows as one part (a slab of its own), and the gathered message is
+//! the two-shot's gather, so the dequantize kernel reads it as it is.
 //!
 //! The payload is seen as `[R, C]` (its rows and last dimension, C a
 //! multiple of 128): each 128 lanes of a row are two blocks of 64, so a
@@ -76,26 +79,35 @@ fn takes_knobs(
     Ok(())
 }
 
-/// Whether the kernels take `plan` on an operand of `operand` dimensions
-/// (one bf16 all-reduce operand), before XLA:TPU's pipeline: the shape they
+/// Whether the kernels write `plan`: two-shot's all-reduce over one axis
+/// (quantize, sum, dequantize) or an all-gather (quantize, dequantize), int8
+/// codes, B = 64, bf16 scales, one all-gather; or why not.
+pub(in crate::passes::quantize_collectives) fn takes_plan(plan: &Plan) -> Result<(), String> {
+    let c = &plan.config;
+    let two_shot = plan.collective == Collective::AllReduce
+        && c.algorithm == Algorithm::TwoShot
+        && matches!(plan.phases[..], [Phase::Exchange { .. }, Phase::Gather]);
+    let gather = plan.collective == Collective::AllGather && plan.phases[..] == [Phase::Gather];
+    if !two_shot && !gather {
+        return Err("only a two-shot all-reduce over one axis or an all-gather has them".into());
+    }
+    takes_knobs(c.format, c.scale_type, c.block, c.gather)
+}
+
+/// Whether the kernels take `plan` on its one bf16 operand `operands`
+/// (an all-gather's gathered along `dimension`) at `stage`: the shape they
 /// are written for, or why not.
 pub(in crate::passes::quantize_collectives) fn fits(
     plan: &Plan,
     operands: &[&ShapeProto],
     stage: Stage,
+    dimension: Option<i64>,
 ) -> Result<Shape, String> {
-    let c = &plan.config;
     let p = plan.group_size as i64;
     if stage == Stage::Fused {
         return Err(format!("the module is past XLA's fusion ({stage})"));
     }
-    if plan.collective != Collective::AllReduce
-        || c.algorithm != Algorithm::TwoShot
-        || !matches!(plan.phases[..], [Phase::Exchange { .. }, Phase::Gather])
-    {
-        return Err("only a two-shot all-reduce over one axis has them".into());
-    }
-    takes_knobs(c.format, c.scale_type, c.block, c.gather)?;
+    takes_plan(plan)?;
     let [operand] = operands else {
         return Err(format!("{} operands, not one", operands.len()));
     };
@@ -104,17 +116,40 @@ pub(in crate::passes::quantize_collectives) fn fits(
     }
     let dims = &operand.dimensions;
     let cols = dims.last().copied().unwrap_or(1);
-    let rows: i64 = dims.iter().rev().skip(1).product();
+    let mut rows: i64 = dims.iter().rev().skip(1).product();
     if cols % 128 != 0 || cols > MAX_COLS {
         return Err(format!(
             "the last dimension, {cols}, is not a multiple of 128 up to {MAX_COLS}"
         ));
     }
+    let gather = plan.collective == Collective::AllGather;
+    if gather {
+        // Ranks' rows one after another in the result: a dimension before
+        // the last with only 1s before it.
+        let d = dimension.unwrap_or(0);
+        let keeps_rows = usize::try_from(d)
+            .is_ok_and(|d| d + 1 < dims.len() && dims[..d].iter().all(|&n| n == 1));
+        if !keeps_rows {
+            return Err(format!(
+                "the all-gather's dimension {d} of {dims:?} does not keep a rank's rows \
+                 together (the kernels gather whole rows)"
+            ));
+        }
+        rows *= p;
+    }
     // A rank's rows are the lanes of its scales' slab: whole vregs of 128.
-    if p > MAX_PARTS || rows % (SLAB_LANES * p) != 0 {
+    // Only the sum kernel adds the parts one by one.
+    let most = if gather { i64::MAX } else { MAX_PARTS };
+    if p > most || rows % (SLAB_LANES * p) != 0 {
         return Err(format!(
-            "{rows} rows over {p} ranks: the kernels take up to {MAX_PARTS} ranks and rows a \
-             multiple of {SLAB_LANES} per rank"
+            "{} rows over {p} ranks: the kernels take rows a multiple of {SLAB_LANES} per \
+             rank{}",
+            if gather { rows / p } else { rows },
+            if gather {
+                String::new()
+            } else {
+                format!(" and up to {MAX_PARTS} ranks")
+            }
         ));
     }
     // Past libtpu's layout assignment the kernel reads the operand as it is
@@ -128,10 +163,11 @@ pub(in crate::passes::quantize_collectives) fn fits(
         ));
     }
     Ok(Shape {
+        collective: plan.collective,
         rows,
         cols,
         parts: p,
-        rotation: c.rotation == Rotation::Hadamard,
+        rotation: plan.config.rotation == Rotation::Hadamard,
     })
 }
 
@@ -150,11 +186,12 @@ fn reads_as_tiled_rows(s: &ShapeProto) -> bool {
 }
 
 impl Emitter<'_, '_, '_> {
-    /// The plan's two-shot all-reduce of the one operand through the three
-    /// kernels ([`fits`] said yes): quantize, all-to-all of codes and
-    /// scales, sum, all-gather of both, dequantize. Past libtpu's layout
+    /// The plan's collective of the one operand through the kernels
+    /// ([`fits`] said yes): two-shot's all-reduce as quantize, all-to-all of
+    /// codes and scales, sum, all-gather of both, dequantize; an all-gather
+    /// as quantize, all-gather of both, dequantize. Past libtpu's layout
     /// assignment every array of it carries libtpu's tiles.
-    pub(super) fn mosaic_two_shot(&mut self, s: Shape) -> Value {
+    pub(super) fn mosaic_kernels(&mut self, s: Shape) -> Value {
         let tiled = self.inputs.stage == Stage::Tiled;
         let was = self.b.tile_for_tpu(tiled);
         let y = self.mosaic_steps(s);
@@ -184,19 +221,23 @@ impl Emitter<'_, '_, '_> {
         }
     }
 
-    /// The kernels and collectives of [`Self::mosaic_two_shot`]: the
+    /// The kernels and collectives of [`Self::mosaic_kernels`]: the
     /// result as `[R, C]`.
     fn mosaic_steps(&mut self, s: Shape) -> Value {
         let k = kernels(s);
         let (rows, cols, p) = (s.rows, s.cols, s.parts);
         let (nb, m) = (s.blocks(), s.rows / s.parts);
+        let gather = s.collective == Collective::AllGather;
+        // What the quantize kernel reads: the payload, or the rank's rows
+        // an all-gather sends.
+        let sent_rows = if gather { m } else { rows };
         let operand = &self.inputs.operands[0];
         // Already `[R, C]` (and, past libtpu's layout assignment, tiled as
         // the kernel reads it: `fits`), the operand needs no reshape.
-        let x = if operand.dims() == [rows, cols] {
+        let x = if operand.dims() == [sent_rows, cols] {
             operand.clone()
         } else {
-            self.view(operand, &[rows, cols])
+            self.view(operand, &[sent_rows, cols])
         };
         let h = s
             .rotation
@@ -213,22 +254,27 @@ impl Emitter<'_, '_, '_> {
         };
         let mut ins = vec![&x];
         ins.extend(h.as_ref());
-        let q = self.kernel(&k.quantize, &ins, message(rows));
+        let q = self.kernel(&k.quantize, &ins, message(sent_rows));
         let parts = self.inputs.participants;
         let groups = parts.groups.clone();
         let partitions = parts.space == IdSpace::Partition;
-        let mut sent = Vec::new();
-        for i in 0..2 {
-            let v = self.b.get_tuple_element(&q, i);
-            let v = if i == 0 {
-                self.view(&v, &[p, m, cols])
-            } else {
-                v
-            };
-            let channel = partitions.then(|| self.b.fresh_channel_id());
-            sent.push(self.b.all_to_all(&v, 0, &groups, channel));
-        }
-        let summed = self.kernel(&k.sum, &[&sent[0], &sent[1]], message(m));
+        let summed = match &k.sum {
+            None => q,
+            Some(sum) => {
+                let mut sent = Vec::new();
+                for i in 0..2 {
+                    let v = self.b.get_tuple_element(&q, i);
+                    let v = if i == 0 {
+                        self.view(&v, &[p, m, cols])
+                    } else {
+                        v
+                    };
+                    let channel = partitions.then(|| self.b.fresh_channel_id());
+                    sent.push(self.b.all_to_all(&v, 0, &groups, channel));
+                }
+                self.kernel(sum, &[&sent[0], &sent[1]], message(m))
+            }
+        };
         let mut all = Vec::new();
         for i in 0..2 {
             let v = self.b.get_tuple_element(&summed, i);
@@ -265,7 +311,9 @@ const VERSION: u32 = 15;
 /// The payload and plan the kernels are written for.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::passes::quantize_collectives) struct Shape {
-    /// Rows of the payload `[R, C]` on one device.
+    /// An all-reduce (two-shot) or an all-gather.
+    pub collective: Collective,
+    /// Rows of the payload `[R, C]` on one device (an all-gather's result).
     pub rows: i64,
     /// Its last dimension, a multiple of 128.
     pub cols: i64,
@@ -283,10 +331,10 @@ impl Shape {
     }
 }
 
-/// The three kernels' bodies, as text.
+/// The kernels' bodies, as text; an all-gather has no sum.
 pub(super) struct Kernels {
     pub quantize: String,
-    pub sum: String,
+    pub sum: Option<String>,
     pub dequantize: String,
 }
 
@@ -306,10 +354,22 @@ pub(super) fn rotation_matrix() -> Vec<f32> {
 }
 
 pub(super) fn kernels(shape: Shape) -> Kernels {
-    Kernels {
-        quantize: quantize_kernel(shape),
-        sum: sum_kernel(shape),
-        dequantize: dequantize_kernel(shape),
+    match shape.collective {
+        // A rank quantizes its m rows as one part of its own.
+        Collective::AllGather => Kernels {
+            quantize: quantize_kernel(Shape {
+                rows: shape.rows / shape.parts,
+                parts: 1,
+                ..shape
+            }),
+            sum: None,
+            dequantize: dequantize_kernel(shape),
+        },
+        _ => Kernels {
+            quantize: quantize_kernel(shape),
+            sum: Some(sum_kernel(shape)),
+            dequantize: dequantize_kernel(shape),
+        },
     }
 }
 
@@ -970,12 +1030,22 @@ mod tests {
     fn every_value_is_defined_before_use_and_the_windows_match_the_arguments() {
         for rotation in [false, true] {
             let k = kernels(Shape {
+                collective: Collective::AllReduce,
                 rows: 256,
                 cols: 640,
                 parts: 4,
                 rotation,
             });
-            for text in [&k.quantize, &k.sum, &k.dequantize] {
+            let g = kernels(Shape {
+                collective: Collective::AllGather,
+                rows: 512,
+                cols: 640,
+                parts: 4,
+                rotation,
+            });
+            assert!(g.sum.is_none());
+            let sum = k.sum.as_ref().unwrap();
+            for text in [&k.quantize, sum, &k.dequantize, &g.quantize, &g.dequantize] {
                 let kernel = text.split("\"stable_mosaic.func.func\"").nth(1).unwrap();
                 let mut defined = std::collections::HashSet::new();
                 for line in kernel.lines() {
