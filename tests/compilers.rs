@@ -33,7 +33,8 @@
 //! - `hook::PLAN@TOPOLOGY`: the same `kernels=mosaic` psums through
 //!   XLA:TPU's pre-scheduler hook, past its layout assignment, where every
 //!   array of the kernels carries libtpu's tiles; the kernels' all-gathers
-//!   at both doors too, and at the hook of 64 chips.
+//!   at both doors too, and at the hook of 64 chips, and their
+//!   reduce-scatters before XLA.
 //! - `kernels::PLAN@P=N`: those kernels' text run on the host by
 //!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
 //!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
@@ -296,25 +297,45 @@ fn main() {
     // Their all-gather (quantize, dequantize), which has no sum to unroll:
     // every generation, and 64 chips at the hook (where libtpu makes an
     // all-reduce of a small all-gather before the hook: 2 MiB a rank stays
-    // an all-gather).
+    // an all-gather). Their reduce-scatter (quantize, sum) before XLA:
+    // libtpu decomposes a reduce-scatter before its hook.
     let gathers = mosaic
         .iter()
-        .map(|&(t, d, r)| (t, d, r, 128, ["before", "hook"].as_slice()))
-        .chain([("v5e:8x8", 64, "hadamard", 512, ["hook"].as_slice())]);
-    for (topology, devices, rotation, rows, doors) in gathers {
+        .flat_map(|&(t, d, r)| {
+            [
+                (t, d, r, "all-gather", 128, ["before", "hook"].as_slice()),
+                (t, d, r, "reduce-scatter", 128 * d, ["before"].as_slice()),
+            ]
+        })
+        .chain([(
+            "v5e:8x8",
+            64,
+            "hadamard",
+            "all-gather",
+            512,
+            ["hook"].as_slice(),
+        )]);
+    for (topology, devices, rotation, collective, rows, doors) in gathers {
         for &door in doors {
             let prefix = if door == "hook" { "hook" } else { "before_xla" };
-            let cols = if rows == 128 { 1024 } else { 2048 };
+            let cols = if rows == 512 { 2048 } else { 1024 };
+            let mut options = json!({"min_payload_bytes": 0, "rotation": rotation,
+                                     "quant_format": "int8", "kernels": "mosaic"});
+            let (program, planned) = match collective {
+                "all-gather" => ("all_gather", "gather"),
+                _ => {
+                    options["algorithm"] = json!("two-shot");
+                    ("reduce_scatter", "two-shot")
+                }
+            };
             batches.entry(topology.to_string()).or_default().push(Job {
-                name: format!("{prefix}::all-gather+{rotation}+int8+mosaic@{topology}"),
+                name: format!("{prefix}::{collective}+{rotation}+int8+mosaic@{topology}"),
                 spec: json!({
-                    "program": "all_gather", "devices": devices, "rows": rows, "cols": cols,
-                    "door": door,
-                    "options": {"min_payload_bytes": 0, "rotation": rotation,
-                                "quant_format": "int8", "kernels": "mosaic"},
+                    "program": program, "devices": devices, "rows": rows, "cols": cols,
+                    "door": door, "options": options,
                 }),
                 expect: Want::Plan {
-                    algorithm: "gather".to_string(),
+                    algorithm: planned.to_string(),
                     rotation: rotation.to_string(),
                     platform: "tpu",
                     kernels: "mosaic",
@@ -337,16 +358,20 @@ fn main() {
             move || kernel_check("psum", rotation, devices, shape).map_err(Failed::from),
         ));
     }
-    for (rotation, devices, shape) in [
-        ("hadamard", 4, "128,640"),
-        ("none", 3, "256,256"),
-        ("hadamard", 8, "128,1024"),
+    for (collective, rotation, devices, shape) in [
+        ("all-gather", "hadamard", 4, "128,640"),
+        ("all-gather", "none", 3, "256,256"),
+        ("all-gather", "hadamard", 8, "128,1024"),
+        ("reduce-scatter", "hadamard", 4, "512,640"),
+        ("reduce-scatter", "none", 3, "384,256"),
+        ("reduce-scatter", "hadamard", 8, "1024,1024"),
     ] {
         trials.push(Trial::test(
             format!(
-                "kernels::all-gather+{rotation}@P={devices} (Mosaic text against equarx's emission)"
+                "kernels::{collective}+{rotation}@P={devices} (Mosaic text against equarx's \
+                 emission)"
             ),
-            move || kernel_check("all-gather", rotation, devices, shape).map_err(Failed::from),
+            move || kernel_check(collective, rotation, devices, shape).map_err(Failed::from),
         ));
     }
     trials.push(Trial::test(

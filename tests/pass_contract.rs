@@ -625,13 +625,15 @@ fn by_default_xla_tpu_gets_the_mosaic_kernels_where_they_take_the_op() {
     assert_eq!(rewrite(&[1024, 1024], Tpu, Ring), (Hlo, String::new()));
 
     // An all-gather along its rows is theirs too (quantize, dequantize),
-    // at any group size; along the rows' inside, or in rows that are not
-    // whole slabs of 128 a rank, it keeps HLO and says why.
-    let gather = |dims: &[i64], dim, p: usize| {
+    // at any group size, and so is two-shot's reduce-scatter (quantize,
+    // sum); along the rows' inside, or in rows that are not whole slabs of
+    // 128 a rank, either keeps HLO and says why.
+    use equarx::plan::Collective::{AllGather, ReduceScatter};
+    let other = |collective, dims: &[i64], dim, p: usize| {
         use common::modules::{CollectiveSpec, collective_module};
         let m = collective_module(&CollectiveSpec {
-            name: "gather",
-            collective: equarx::plan::Collective::AllGather,
+            name: "other",
+            collective,
             dims,
             dim: Some(dim),
             groups: &[(0..p).collect()],
@@ -646,25 +648,28 @@ fn by_default_xla_tpu_gets_the_mosaic_kernels_where_they_take_the_op() {
             o.stage = Some(Stage::PreFusion);
             o.platform = Some(Tpu);
             o.kernels = None;
+            o.algorithm = Some(TwoShot);
         });
         let r = equarx::rewrite(m, counts, &o).unwrap();
         let op = r.report[0].clone();
         let kernels = op.plan.as_ref().expect("rewritten").config.kernels;
         (kernels, op.reason.unwrap_or_default())
     };
-    assert_eq!(gather(&[256, 1024], 0, 4), (Mosaic, String::new()));
-    assert_eq!(gather(&[1, 128, 512], 1, 16), (Mosaic, String::new()));
-    for (dims, dim, why) in [
-        (
-            &[256i64, 2, 512][..],
-            1,
-            "does not keep a rank's rows together",
-        ),
-        (&[96, 1024][..], 0, "a multiple of 128 per rank"),
+    let taken = (Mosaic, String::new());
+    assert_eq!(other(AllGather, &[256, 1024], 0, 4), taken);
+    assert_eq!(other(AllGather, &[1, 128, 512], 1, 16), taken);
+    assert_eq!(other(ReduceScatter, &[1024, 1024], 0, 8), taken);
+    let apart = "does not keep a rank's rows together";
+    let slabs = "a multiple of 128 per rank";
+    for (collective, dims, dim, p, why) in [
+        (AllGather, &[256i64, 2, 512][..], 1, 4, apart),
+        (AllGather, &[96, 1024][..], 0, 4, slabs),
+        (ReduceScatter, &[512, 8, 256][..], 1, 4, apart),
+        (ReduceScatter, &[2048, 256][..], 0, 16, "up to 8 ranks"),
     ] {
-        let (kernels, reason) = gather(dims, dim, 4);
-        assert_eq!(kernels, Hlo, "{dims:?}");
-        assert!(reason.contains(why), "{dims:?}: {reason}");
+        let (kernels, reason) = other(collective, dims, dim, p);
+        assert_eq!(kernels, Hlo, "{collective:?} {dims:?}");
+        assert!(reason.contains(why), "{collective:?} {dims:?}: {reason}");
     }
 }
 

@@ -110,6 +110,12 @@ def program(name, devices):
         f = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())
         args = [jax.ShapeDtypeStruct((n * 2048, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, P("x")))]
         return jax.jit(f), args
+    if name == "reducescatter":
+        # 8 MiB a device, reduce-scattered along its rows (psum's operand).
+        f = jax.shard_map(lambda a: jax.lax.psum_scatter(a, "x", tiled=True), mesh=mesh,
+                          in_specs=P("x"), out_specs=P("x"))
+        args = [jax.ShapeDtypeStruct((n * 2048, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, P("x")))]
+        return jax.jit(f), args
     if name == "allgather":
         # 2 MiB a rank, all-gathered along its rows: 8 MiB a device at P = 4.
         f = jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh=mesh,

@@ -31,7 +31,7 @@ import compilers  # noqa: E402  (the programs, topologies and the census of kern
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--program", default="psum", help="psum, mlp, gemma or allgather (default psum)")
+    ap.add_argument("--program", default="psum", help="psum, mlp, gemma, allgather or reducescatter (default psum)")
     ap.add_argument("--topology", default="v5e:2x2", help="e.g. v5e:2x2, v5e:8x8, h100x4")
     ap.add_argument("--side", action="append", default=[], metavar="NAME=[OPTION=VALUE,...]",
                     help="a plan of the library: options on top of --option (repeatable, at "

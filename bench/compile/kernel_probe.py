@@ -439,12 +439,13 @@ def check(rows, cols, tm, form, rotation, n):
     return differ
 
 
-def check_all_gather(rows, cols, rotation, n):
-    """equarx's Mosaic kernels of an all-gather (quantize, dequantize; the
-    collective between them done here in numpy, each body run by
-    `tests/compilers/mosaic.py`) against equarx's HLO emission of the same
-    plan for XLA:TPU on `n` XLA:CPU devices, bit for bit, every device's
-    result. Returns the count of elements that differ."""
+def check_collective(collective, rows, cols, rotation, n):
+    """equarx's Mosaic kernels of an all-gather (quantize, dequantize) or a
+    reduce-scatter (quantize, sum) of each device's `[rows, C]` along its
+    rows (the collective between the kernels done here in numpy, each body
+    run by `tests/compilers/mosaic.py`) against equarx's HLO emission of the
+    same plan for XLA:TPU on `n` XLA:CPU devices, bit for bit, every
+    device's result. Returns the count of elements that differ."""
     import jax
     import jax.numpy as jnp
     import ml_dtypes
@@ -461,35 +462,55 @@ def check_all_gather(rows, cols, rotation, n):
     x[3, 5], x[rows + 7, 70] = np.nan, np.inf
     x[2 * rows:2 * rows + 1, :64] = 0  # an all-zero block
     x = jax.device_put(jnp.asarray(x, jnp.bfloat16), NamedSharding(mesh, P("x")))
-    gathered = jax.jit(jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh=mesh,
-                                     in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    if collective == "all-gather":
+        body = lambda a: jax.lax.all_gather(a, "x", tiled=True)  # noqa: E731
+    else:
+        body = lambda a: jax.lax.psum_scatter(a, "x", tiled=True)  # noqa: E731
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                    check_vma=False))
     options = dict(platform="tpu", quant_format="int8", block_size=64, scale_type="bf16",
                    rotation="hadamard" if rotation else "none", min_payload_bytes=0)
-    rewritten = equarx.jax.rewrite_lowered(gathered.lower(x), kernels="hlo", **options)
+    if collective == "reduce-scatter":
+        options["algorithm"] = "two-shot"
+    rewritten = equarx.jax.rewrite_lowered(program.lower(x), kernels="hlo", **options)
     print("equarx's plan: %s" % json_plan(equarx.jax.last_report()))
     theirs = np.asarray(rewritten.compile()(x)).astype(np.float32)
-    emitted = equarx.jax.rewrite_lowered(gathered.lower(x), kernels="mosaic", **options)
+    emitted = equarx.jax.rewrite_lowered(program.lower(x), kernels="mosaic", **options)
     report = equarx.jax.last_report()
     if json_plan(report).find('"kernels": "mosaic"') < 0:
         raise SystemExit("equarx did not write Mosaic kernels: %s" % report)
     text = str(emitted.compiler_ir("stablehlo"))
     bodies = [base64.b64decode(b) for b in re.findall(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)\\22', text)]
     if len(bodies) != 2:
-        raise SystemExit("equarx wrote %d kernels for the all-gather, not 2" % len(bodies))
-    quantize, dequantize = bodies
+        raise SystemExit("equarx wrote %d kernels for the %s, not 2" % (len(bodies), collective))
     h = [np.kron(np.eye(2, dtype=np.float32), hadamard(64))] if rotation else []
-    nb, xs = cols // 64, np.asarray(x)
-    sent = [mosaic.run(quantize, [xs[d * rows:(d + 1) * rows]] + h,
-                       [np.zeros((rows, cols), np.int8), np.zeros((1, nb, rows), ml_dtypes.bfloat16)])
-            for d in range(n)]
-    codes = np.concatenate([c for c, _ in sent])
-    scales = np.concatenate([s for _, s in sent])
-    out = mosaic.run(dequantize, [codes, scales] + h, [np.zeros((n * rows, cols), ml_dtypes.bfloat16)])[0]
-    mine = np.concatenate([out] * n).astype(np.float32)
+    nb, xs, bf16 = cols // 64, np.asarray(x), ml_dtypes.bfloat16
+    if collective == "all-gather":
+        quantize, dequantize = bodies
+        sent = [mosaic.run(quantize, [xs[d * rows:(d + 1) * rows]] + h,
+                           [np.zeros((rows, cols), np.int8), np.zeros((1, nb, rows), bf16)])
+                for d in range(n)]
+        codes = np.concatenate([c for c, _ in sent])
+        scales = np.concatenate([s for _, s in sent])
+        out = mosaic.run(dequantize, [codes, scales] + h, [np.zeros((n * rows, cols), bf16)])[0]
+        mine = np.concatenate([out] * n).astype(np.float32)
+    else:
+        quantize, summed = bodies
+        m = rows // n
+        sent = [mosaic.run(quantize, [xs[d * rows:(d + 1) * rows]] + h,
+                           [np.zeros((rows, cols), np.int8), np.zeros((n, nb, m), bf16)])
+                for d in range(n)]
+        mine = np.concatenate([
+            mosaic.run(summed, [np.stack([c.reshape(n, m, cols)[d] for c, _ in sent]),
+                                np.stack([s[d] for _, s in sent])] + h,
+                       [np.zeros((m, cols), bf16)])[0]
+            for d in range(n)]).astype(np.float32)
     bits = mine.view(np.uint32) != theirs.view(np.uint32)
     values = bits & ~(np.isnan(mine) & np.isnan(theirs))
-    replicas = all(np.array_equal(r.view(np.uint32), theirs.reshape(n, -1)[0].view(np.uint32))
-                   for r in theirs.reshape(n, -1))
+    # An all-gather's every device holds the same; a reduce-scatter's its own.
+    replicas = collective != "all-gather" or all(
+        np.array_equal(r.view(np.uint32), theirs.reshape(n, -1)[0].view(np.uint32))
+        for r in theirs.reshape(n, -1))
     print("%-18s elements %d, differing bits %d (NaN payloads aside: %d), non-finite %d "
           "(equarx %d), replicas identical %s" % (
               "equarx's kernels", mine.size, bits.sum(), values.sum(), (~np.isfinite(mine)).sum(),
@@ -568,9 +589,11 @@ def main(argv=None):
                     help="--check: XLA:CPU devices, the group size P (default 4)")
     ap.add_argument("--shape", default="512,640",
                     help="--check: a device's psum operand, ROWS,COLS (default 512,640)")
-    ap.add_argument("--collective", choices=["psum", "all-gather"], default="psum",
+    ap.add_argument("--collective", choices=["psum", "all-gather", "reduce-scatter"],
+                    default="psum",
                     help="--check: the psum (the probe's kernels and equarx's), or an all-gather "
-                         "of the operand along its rows (equarx's kernels alone)")
+                         "or a reduce-scatter of the operand along its rows (equarx's kernels "
+                         "alone)")
     args = ap.parse_args(argv)
     rotation = not args.no_rotation
     platform = "tpu" if args.check else compilers.platform(args.topology)
@@ -585,8 +608,8 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=%d" % args.devices)
         rows, cols = (int(v) for v in args.shape.split(","))
-        if args.collective == "all-gather":
-            differ = check_all_gather(rows, cols, rotation, args.devices)
+        if args.collective != "psum":
+            differ = check_collective(args.collective, rows, cols, rotation, args.devices)
         else:
             differ = check(rows, cols, tm, args.scales, rotation, args.devices)
         raise SystemExit(1 if differ else 0)

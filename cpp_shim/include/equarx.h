@@ -78,11 +78,12 @@
  *       Who writes the kernels of a rewrite's compute steps: hlo (the pass
  *       emits HLO ops and the compiler fuses them), mosaic (XLA:TPU, before
  *       XLA or at its hook: the pass writes two-shot's quantize,
- *       dequantize-sum-requantize and dequantize, and an all-gather's
- *       quantize and dequantize, as one Mosaic kernel each; int8, B = 64,
- *       bf16 scales, an operand whose last dimension is a multiple of 128 up
- *       to 4096 and whose rows are a multiple of 128·P, P <= 8 (an
- *       all-gather: 128 rows a rank, gathered whole, any P); at the hook laid
+ *       dequantize-sum-requantize and dequantize, its reduce-scatter's
+ *       quantize and dequantize-sum, and an all-gather's quantize and
+ *       dequantize, as one Mosaic kernel each; int8, B = 64, bf16 scales, an
+ *       operand whose last dimension is a multiple of 128 up to 4096 and
+ *       whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 rows
+ *       a rank, any P), scattered or gathered whole rows; at the hook laid
  *       out as libtpu lays it out), or auto (the default): on XLA:TPU mosaic
  *       where the kernels take the op and the time model predicts them faster
  *       than the hlo plan, hlo otherwise; hlo on XLA:CPU and XLA:GPU. An op

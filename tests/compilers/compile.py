@@ -13,7 +13,8 @@ unregistered; the options change per job through `equarx_pjrt_configure`):
      "library": "/path/libequarx.so",
      "jobs": [{"name": ..., "module": "case.hlo" (HLO text) | "m.pb",
                "replicas": R, "partitions": P, "door": "hook", "options": {...}}
-              | {"name": ..., "program": "psum" | "all_gather", "devices": N, "rows": R, "cols": C,
+              | {"name": ..., "program": "psum" | "all_gather" | "reduce_scatter", "devices": N,
+                 "rows": R, "cols": C,
                  "door": "hook" | "before", "options": {...}}]}
 
 The result per job (JSON lines, one per job, flushed as each ends):
@@ -224,8 +225,9 @@ class Compiler:
 
 def compile_program(compiler, equarx_hook, job):
     """A `shard_map` psum of `rows x cols` per device (bf16) over the
-    topology's first `devices` devices (program `all_gather`: an all-gather
-    of those rows), lowered by JAX; with door `before`,
+    topology's first `devices` devices (program `all_gather` or
+    `reduce_scatter`: those rows all-gathered or reduce-scattered along
+    their rows), lowered by JAX; with door `before`,
     rewritten by `equarx.jax.rewrite_lowered` with the job's options,
     through the hook (`equarx_hook`, configured) otherwise. Returns the
     executable, compile wall and CPU seconds, and the door's report."""
@@ -240,6 +242,9 @@ def compile_program(compiler, equarx_hook, job):
         # Every rank holds the gathered rows; shard_map cannot infer that.
         f = jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh=mesh,
                           in_specs=P("x"), out_specs=P(), check_vma=False)
+    elif job["program"] == "reduce_scatter":
+        f = jax.shard_map(lambda a: jax.lax.psum_scatter(a, "x", tiled=True), mesh=mesh,
+                          in_specs=P("x"), out_specs=P("x"))
     else:
         f = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"),
                           out_specs=P())

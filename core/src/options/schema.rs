@@ -379,11 +379,12 @@ pub static OPTIONS: &[OptionSpec] = &[
         help: "Who writes the kernels of a rewrite's compute steps: hlo (the pass emits HLO \
                ops and the compiler fuses them), mosaic (XLA:TPU, before XLA or at its hook: \
                the pass writes two-shot's quantize, dequantize-sum-requantize and dequantize, \
-               and an all-gather's quantize and dequantize, as one Mosaic kernel each; int8, \
-               B = 64, bf16 scales, an operand whose last dimension is a multiple of 128 up \
-               to 4096 and whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 \
-               rows a rank, gathered whole, any P); at the hook laid out as libtpu lays it \
-               out), or auto (the \
+               its reduce-scatter's quantize and dequantize-sum, and an all-gather's quantize \
+               and dequantize, as one Mosaic kernel each; int8, B = 64, bf16 scales, an \
+               operand whose last dimension is a multiple of 128 up to 4096 and whose rows \
+               are a multiple of 128·P, P <= 8 (an all-gather: 128 rows a rank, any P), \
+               scattered or gathered whole rows; at the hook laid out as libtpu lays it out), \
+               or auto (the \
                default): on XLA:TPU mosaic where the kernels take the op and the time model \
                predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU and \
                XLA:GPU. An op mosaic cannot take keeps hlo, and the report says why.",
@@ -391,8 +392,9 @@ pub static OPTIONS: &[OptionSpec] = &[
               Mosaic kernel a step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB \
               psum in 5.2x the original's time instead of 15.2x, a TP MLP in 1.19x instead \
               of 1.42x, Gemma 3 270M in 1.18x instead of 1.89x, and at the hook in 1.11x \
-              instead of 1.75x; an all-gather is 2 kernels instead of 8 (5.1x a lone \
-              all-gather's compile instead of 16.2x); at the hook the HLO form's codes travel in padded 128-byte \
+              instead of 1.75x; an all-gather or a reduce-scatter is 2 kernels instead of 8 \
+              or 10 (a lone one compiles in 5.0x or 2.5x the original's time instead of \
+              15.9x or 12.3x); at the hook the HLO form's codes travel in padded 128-byte \
               tile rows, the kernels' do not ([BENCHMARKS.md](../BENCHMARKS.md)). No TPU \
               runs the kernels here: their text runs on the host against the HLO emission, \
               bit for bit; hlo keeps the emission XLA:CPU runs",

@@ -4,7 +4,9 @@
 //! where libtpu makes 9.75 to 14 of the same arithmetic in HLO. An
 //! all-gather along its rows is the first and the last: a rank quantizes
 //! its rows as one part (a slab of its own), and the gathered message is
-//! the two-shot's gather, so the dequantize kernel reads it as it is.
+//! the two-shot's gather, so the dequantize kernel reads it as it is. A
+//! reduce-scatter is the first two, the sum writing the result (rotated
+//! back, where the plan rotates) instead of requantizing it.
 //!
 //! The payload is seen as `[R, C]` (its rows and last dimension, C a
 //! multiple of 128): each 128 lanes of a row are two blocks of 64, so a
@@ -80,23 +82,31 @@ fn takes_knobs(
 }
 
 /// Whether the kernels write `plan`: two-shot's all-reduce over one axis
-/// (quantize, sum, dequantize) or an all-gather (quantize, dequantize), int8
-/// codes, B = 64, bf16 scales, one all-gather; or why not.
+/// (quantize, sum, dequantize), its reduce-scatter (quantize, sum) or an
+/// all-gather (quantize, dequantize), int8 codes, B = 64, bf16 scales, one
+/// all-gather; or why not.
 pub(in crate::passes::quantize_collectives) fn takes_plan(plan: &Plan) -> Result<(), String> {
     let c = &plan.config;
     let two_shot = plan.collective == Collective::AllReduce
         && c.algorithm == Algorithm::TwoShot
         && matches!(plan.phases[..], [Phase::Exchange { .. }, Phase::Gather]);
     let gather = plan.collective == Collective::AllGather && plan.phases[..] == [Phase::Gather];
-    if !two_shot && !gather {
-        return Err("only a two-shot all-reduce over one axis or an all-gather has them".into());
+    let scatter = plan.collective == Collective::ReduceScatter
+        && c.algorithm == Algorithm::TwoShot
+        && matches!(plan.phases[..], [Phase::Exchange { .. }]);
+    if !two_shot && !gather && !scatter {
+        return Err(
+            "only a two-shot all-reduce or reduce-scatter over one axis, or an all-gather, has \
+             them"
+                .into(),
+        );
     }
     takes_knobs(c.format, c.scale_type, c.block, c.gather)
 }
 
 /// Whether the kernels take `plan` on its one bf16 operand `operands`
-/// (an all-gather's gathered along `dimension`) at `stage`: the shape they
-/// are written for, or why not.
+/// (an all-gather's gathered, a reduce-scatter's scattered, along
+/// `dimension`) at `stage`: the shape they are written for, or why not.
 pub(in crate::passes::quantize_collectives) fn fits(
     plan: &Plan,
     operands: &[&ShapeProto],
@@ -123,18 +133,21 @@ pub(in crate::passes::quantize_collectives) fn fits(
         ));
     }
     let gather = plan.collective == Collective::AllGather;
-    if gather {
-        // Ranks' rows one after another in the result: a dimension before
-        // the last with only 1s before it.
+    if plan.collective != Collective::AllReduce {
+        // Ranks' rows one after another: a dimension before the last with
+        // only 1s before it.
         let d = dimension.unwrap_or(0);
         let keeps_rows = usize::try_from(d)
             .is_ok_and(|d| d + 1 < dims.len() && dims[..d].iter().all(|&n| n == 1));
         if !keeps_rows {
             return Err(format!(
-                "the all-gather's dimension {d} of {dims:?} does not keep a rank's rows \
-                 together (the kernels gather whole rows)"
+                "the {}'s dimension {d} of {dims:?} does not keep a rank's rows together (the \
+                 kernels move whole rows)",
+                plan.collective.opcode()
             ));
         }
+    }
+    if gather {
         rows *= p;
     }
     // A rank's rows are the lanes of its scales' slab: whole vregs of 128.
@@ -224,21 +237,8 @@ impl Emitter<'_, '_, '_> {
     /// The kernels and collectives of [`Self::mosaic_kernels`]: the
     /// result as `[R, C]`.
     fn mosaic_steps(&mut self, s: Shape) -> Value {
-        let k = kernels(s);
         let (rows, cols, p) = (s.rows, s.cols, s.parts);
         let (nb, m) = (s.blocks(), s.rows / s.parts);
-        let gather = s.collective == Collective::AllGather;
-        // What the quantize kernel reads: the payload, or the rank's rows
-        // an all-gather sends.
-        let sent_rows = if gather { m } else { rows };
-        let operand = &self.inputs.operands[0];
-        // Already `[R, C]` (and, past libtpu's layout assignment, tiled as
-        // the kernel reads it: `fits`), the operand needs no reshape.
-        let x = if operand.dims() == [sent_rows, cols] {
-            operand.clone()
-        } else {
-            self.view(operand, &[sent_rows, cols])
-        };
         let h = s
             .rotation
             .then(|| self.b.f32_array(&rotation_matrix(), &[128, 128]));
@@ -252,39 +252,84 @@ impl Emitter<'_, '_, '_> {
                 shape::array(PrimitiveType::Bf16, &[r / m, nb, m]),
             ])
         };
-        let mut ins = vec![&x];
-        ins.extend(h.as_ref());
-        let q = self.kernel(&k.quantize, &ins, message(sent_rows));
-        let parts = self.inputs.participants;
-        let groups = parts.groups.clone();
-        let partitions = parts.space == IdSpace::Partition;
-        let summed = match &k.sum {
-            None => q,
-            Some(sum) => {
-                let mut sent = Vec::new();
-                for i in 0..2 {
-                    let v = self.b.get_tuple_element(&q, i);
-                    let v = if i == 0 {
-                        self.view(&v, &[p, m, cols])
-                    } else {
-                        v
-                    };
-                    let channel = partitions.then(|| self.b.fresh_channel_id());
-                    sent.push(self.b.all_to_all(&v, 0, &groups, channel));
-                }
-                self.kernel(sum, &[&sent[0], &sent[1]], message(m))
-            }
+        // The quantize kernel over `r` rows of the operand: the payload, or
+        // the rank's rows an all-gather sends.
+        let quantized = |e: &mut Self, quantize: &str, r: i64| {
+            let operand = &e.inputs.operands[0];
+            // Already `[r, C]` (and, past libtpu's layout assignment, tiled
+            // as the kernel reads it: `fits`), the operand needs no reshape.
+            let x = if operand.dims() == [r, cols] {
+                operand.clone()
+            } else {
+                e.view(operand, &[r, cols])
+            };
+            let mut ins = vec![&x];
+            ins.extend(h.as_ref());
+            e.kernel(quantize, &ins, message(r))
         };
-        let mut all = Vec::new();
-        for i in 0..2 {
-            let v = self.b.get_tuple_element(&summed, i);
-            let channel = partitions.then(|| self.b.fresh_channel_id());
-            all.push(self.b.all_gather(&v, 0, &groups, channel, partitions));
+        match kernels(s) {
+            Steps::AllGather {
+                quantize,
+                dequantize,
+            } => {
+                let q = quantized(self, &quantize, m);
+                self.gather_kernels(&dequantize, &q, h.as_ref(), s)
+            }
+            Steps::ReduceScatter { quantize, sum } => {
+                let q = quantized(self, &quantize, rows);
+                let sent = self.exchange_kernels(&q, [p, m, cols]);
+                // Its sum is the result, rotated back there.
+                let mut ins = vec![&sent[0], &sent[1]];
+                ins.extend(h.as_ref());
+                let out = shape::array(PrimitiveType::Bf16, &[m, cols]);
+                self.kernel(&sum, &ins, out)
+            }
+            Steps::AllReduce {
+                quantize,
+                sum,
+                dequantize,
+            } => {
+                let q = quantized(self, &quantize, rows);
+                let sent = self.exchange_kernels(&q, [p, m, cols]);
+                let summed = self.kernel(&sum, &[&sent[0], &sent[1]], message(m));
+                self.gather_kernels(&dequantize, &summed, h.as_ref(), s)
+            }
         }
+    }
+
+    /// The all-to-alls of a message's codes (seen as `parts`: `[P, m, C]`)
+    /// and scales (`message`, a tuple): every destination's part.
+    fn exchange_kernels(&mut self, message: &Value, parts: [i64; 3]) -> [Value; 2] {
+        let groups = self.inputs.participants.groups.clone();
+        let partitions = self.inputs.participants.space == IdSpace::Partition;
+        [0, 1].map(|i| {
+            let v = self.b.get_tuple_element(message, i);
+            let v = if i == 0 { self.view(&v, &parts) } else { v };
+            let channel = partitions.then(|| self.b.fresh_channel_id());
+            self.b.all_to_all(&v, 0, &groups, channel)
+        })
+    }
+
+    /// The all-gathers of a message's codes and scales (`message`, a
+    /// tuple), and the dequantize kernel over what they gathered.
+    fn gather_kernels(
+        &mut self,
+        dequantize: &str,
+        message: &Value,
+        h: Option<&Value>,
+        s: Shape,
+    ) -> Value {
+        let groups = self.inputs.participants.groups.clone();
+        let partitions = self.inputs.participants.space == IdSpace::Partition;
+        let all = [0, 1].map(|i| {
+            let v = self.b.get_tuple_element(message, i);
+            let channel = partitions.then(|| self.b.fresh_channel_id());
+            self.b.all_gather(&v, 0, &groups, channel, partitions)
+        });
         let mut ins = vec![&all[0], &all[1]];
-        ins.extend(h.as_ref());
-        let out = shape::array(PrimitiveType::Bf16, &[rows, cols]);
-        self.kernel(&k.dequantize, &ins, out)
+        ins.extend(h);
+        let out = shape::array(PrimitiveType::Bf16, &[s.rows, s.cols]);
+        self.kernel(dequantize, &ins, out)
     }
 
     /// A `tpu_custom_call` of the kernel `body`, as JAX lowers a Pallas
@@ -311,7 +356,7 @@ const VERSION: u32 = 15;
 /// The payload and plan the kernels are written for.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::passes::quantize_collectives) struct Shape {
-    /// An all-reduce (two-shot) or an all-gather.
+    /// An all-reduce (two-shot), a reduce-scatter or an all-gather.
     pub collective: Collective,
     /// Rows of the payload `[R, C]` on one device (an all-gather's result).
     pub rows: i64,
@@ -331,11 +376,20 @@ impl Shape {
     }
 }
 
-/// The kernels' bodies, as text; an all-gather has no sum.
-pub(super) struct Kernels {
-    pub quantize: String,
-    pub sum: Option<String>,
-    pub dequantize: String,
+/// The kernels' bodies, as text, per collective.
+pub(super) enum Steps {
+    AllReduce {
+        quantize: String,
+        sum: String,
+        dequantize: String,
+    },
+    /// Its sum writes the result.
+    ReduceScatter { quantize: String, sum: String },
+    /// A rank quantizes its m rows as one part of its own.
+    AllGather {
+        quantize: String,
+        dequantize: String,
+    },
 }
 
 /// The 128 × 128 matrix the kernels rotate by: two 64-blocks' Hadamard
@@ -353,21 +407,23 @@ pub(super) fn rotation_matrix() -> Vec<f32> {
         .collect()
 }
 
-pub(super) fn kernels(shape: Shape) -> Kernels {
+pub(super) fn kernels(shape: Shape) -> Steps {
     match shape.collective {
-        // A rank quantizes its m rows as one part of its own.
-        Collective::AllGather => Kernels {
+        Collective::AllGather => Steps::AllGather {
             quantize: quantize_kernel(Shape {
                 rows: shape.rows / shape.parts,
                 parts: 1,
                 ..shape
             }),
-            sum: None,
             dequantize: dequantize_kernel(shape),
         },
-        _ => Kernels {
+        Collective::ReduceScatter => Steps::ReduceScatter {
             quantize: quantize_kernel(shape),
-            sum: Some(sum_kernel(shape)),
+            sum: sum_kernel(shape),
+        },
+        Collective::AllReduce | Collective::AllToAll => Steps::AllReduce {
+            quantize: quantize_kernel(shape),
+            sum: sum_kernel(shape),
             dequantize: dequantize_kernel(shape),
         },
     }
@@ -881,6 +937,17 @@ fn chunk_scales(body: &mut Body, c: &Common, scales: &V, j: i64) -> V {
     body.select(&c.low, &a, &b)
 }
 
+/// `y` (`[rows, 128]` f32, two blocks) with each block rotated by its own
+/// product, the other block's lanes zeroed: in one product of both a
+/// NaN's zero terms (NaN × 0) would spill into the other block.
+fn rotated(body: &mut Body, c: &Common, y: &V, h: &V) -> V {
+    let low = body.select(&c.low, y, &c.zeros);
+    let high = body.select(&c.low, &c.zeros, y);
+    let low = body.matmul(&low, h, &c.zeros);
+    let high = body.matmul(&high, h, &c.zeros);
+    body.select(&c.low, &low, &high)
+}
+
 fn quantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
     let (cols, nb, m) = (s.cols, s.blocks(), s.rows / s.parts);
@@ -906,14 +973,7 @@ fn quantize_kernel(s: Shape) -> String {
         let chunk = body.load(&x, &[0, 128 * j], &[tm, 128], &[tm, 128], "bf16");
         let mut y = body.unary("arith.extf", &chunk, "f32");
         if let Some(h) = &h {
-            // Each block by its own product, the other block's lanes
-            // zeroed: in one product of both a NaN's zero terms (NaN × 0)
-            // would spill into the other block.
-            let low = body.select(&c.low, &y, &c.zeros);
-            let high = body.select(&c.low, &c.zeros, &y);
-            let low = body.matmul(&low, h, &c.zeros);
-            let high = body.matmul(&high, h, &c.zeros);
-            y = body.select(&c.low, &low, &high);
+            y = rotated(&mut body, &c, &y, h);
         }
         let (q, pair) = quantize(&mut body, &c, &lim, &y);
         body.store(&q, &codes, &[0, 128 * j]);
@@ -929,22 +989,36 @@ fn quantize_kernel(s: Shape) -> String {
     body.finish("equarx_quantize", s.rows / tm, &windows)
 }
 
+/// The exchange's sum of what arrived, requantized for the gather, or for
+/// a reduce-scatter rotated back (where the plan rotates) and written as
+/// the bf16 result.
 fn sum_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
     let (cols, nb, p) = (s.cols, s.blocks(), s.parts);
     let m = s.rows / p;
-    let refs = [
-        memref(&[p, tm, cols], "i8"),
-        memref(&[p, nb, m], "bf16"),
-        memref(&[tm, cols], "i8"),
-        memref(&[1, nb, m], "bf16"),
-    ];
+    let scatter = s.collective == Collective::ReduceScatter;
+    let mut refs = vec![memref(&[p, tm, cols], "i8"), memref(&[p, nb, m], "bf16")];
+    if scatter {
+        if s.rotation {
+            refs.push(memref(&[128, 128], "f32"));
+        }
+        refs.push(memref(&[tm, cols], "bf16"));
+    } else {
+        refs.push(memref(&[tm, cols], "i8"));
+        refs.push(memref(&[1, nb, m], "bf16"));
+    }
     let mut body = Body::new(&refs);
     let c = common(&mut body);
     let lim = limits(&mut body);
     let at = step_offset(&mut body, m);
     let (codes_in, scales_in) = (body.arg(0), body.arg(1));
-    let (codes, scales) = (body.arg(2), body.arg(3));
+    let h = (scatter && s.rotation).then(|| {
+        let h = body.arg(2);
+        body.load(&h, &[0, 0], &[128, 128], &[128, 128], "f32")
+    });
+    // What it writes: the codes and the slab, or the result.
+    let out = body.arg(2 + usize::from(h.is_some()));
+    let slab = (!scatter).then(|| body.arg(3));
     let part_scales: Vec<V> = (0..p)
         .map(|k| load_slab(&mut body, &scales_in, k, nb, m, &at))
         .collect();
@@ -967,17 +1041,35 @@ fn sum_kernel(s: Shape) -> String {
             sums.extend(parts.get(2 * h).cloned());
             parts = sums;
         }
+        if scatter {
+            let mut y = parts[0].clone();
+            if let Some(h) = &h {
+                y = rotated(&mut body, &c, &y, h);
+            }
+            let y = body.unary("arith.truncf", &y, "bf16");
+            body.store(&y, &out, &[0, 128 * j]);
+            continue;
+        }
         let (q, pair) = quantize(&mut body, &c, &lim, &parts[0]);
-        body.store(&q, &codes, &[0, 128 * j]);
+        body.store(&q, &out, &[0, 128 * j]);
         pairs.push(pair);
     }
-    store_slab(&mut body, &scales, nb, m, &at, &pairs);
-    let windows = [
+    let mut windows = vec![
         (vec![p, tm, cols], Transform::MiddleRows),
         (vec![p, nb, m], Transform::Whole),
-        (vec![tm, cols], Transform::Rows),
-        (vec![1, nb, m], Transform::Whole),
     ];
+    if scatter {
+        if s.rotation {
+            windows.push((vec![128, 128], Transform::Whole));
+        }
+        windows.push((vec![tm, cols], Transform::Rows));
+        return body.finish("equarx_sum_scatter", s.rows / p / tm, &windows);
+    }
+    if let Some(slab) = &slab {
+        store_slab(&mut body, slab, nb, m, &at, &pairs);
+    }
+    windows.push((vec![tm, cols], Transform::Rows));
+    windows.push((vec![1, nb, m], Transform::Whole));
     body.finish("equarx_sum", s.rows / p / tm, &windows)
 }
 
@@ -1029,23 +1121,35 @@ mod tests {
     #[test]
     fn every_value_is_defined_before_use_and_the_windows_match_the_arguments() {
         for rotation in [false, true] {
-            let k = kernels(Shape {
-                collective: Collective::AllReduce,
-                rows: 256,
-                cols: 640,
-                parts: 4,
-                rotation,
-            });
-            let g = kernels(Shape {
-                collective: Collective::AllGather,
-                rows: 512,
-                cols: 640,
-                parts: 4,
-                rotation,
-            });
-            assert!(g.sum.is_none());
-            let sum = k.sum.as_ref().unwrap();
-            for text in [&k.quantize, sum, &k.dequantize, &g.quantize, &g.dequantize] {
+            let texts: Vec<String> = [
+                (Collective::AllReduce, 256),
+                (Collective::ReduceScatter, 256),
+                (Collective::AllGather, 512),
+            ]
+            .into_iter()
+            .flat_map(|(collective, rows)| {
+                match kernels(Shape {
+                    collective,
+                    rows,
+                    cols: 640,
+                    parts: 4,
+                    rotation,
+                }) {
+                    Steps::AllReduce {
+                        quantize,
+                        sum,
+                        dequantize,
+                    } => vec![quantize, sum, dequantize],
+                    Steps::ReduceScatter { quantize, sum } => vec![quantize, sum],
+                    Steps::AllGather {
+                        quantize,
+                        dequantize,
+                    } => vec![quantize, dequantize],
+                }
+            })
+            .collect();
+            assert_eq!(texts.len(), 7);
+            for text in &texts {
                 let kernel = text.split("\"stable_mosaic.func.func\"").nth(1).unwrap();
                 let mut defined = std::collections::HashSet::new();
                 for line in kernel.lines() {
