@@ -33,8 +33,8 @@
 //! - `hook::PLAN@TOPOLOGY`: the same `kernels=mosaic` psums through
 //!   XLA:TPU's pre-scheduler hook, past its layout assignment, where every
 //!   array of the kernels carries libtpu's tiles; the kernels' all-gathers
-//!   at both doors too, and at the hook of 64 chips, and their
-//!   reduce-scatters before XLA.
+//!   and reduce-scatters at both doors too, and the all-gather at the hook
+//!   of 64 chips.
 //! - `kernels::PLAN@P=N`: those kernels' text run on the host by
 //!   `tests/compilers/mosaic.py` (`bench/compile/kernel_probe.py --check`),
 //!   bit for bit against equarx's HLO emission of the same plan for XLA:TPU
@@ -297,14 +297,22 @@ fn main() {
     // Their all-gather (quantize, dequantize), which has no sum to unroll:
     // every generation, and 64 chips at the hook (where libtpu makes an
     // all-reduce of a small all-gather before the hook: 2 MiB a rank stays
-    // an all-gather). Their reduce-scatter (quantize, sum) before XLA:
-    // libtpu decomposes a reduce-scatter before its hook.
+    // an all-gather), and their reduce-scatter (quantize, sum): libtpu
+    // keeps one of 1 MiB a device up to its hook (of 8 MiB it makes an
+    // all-reduce inside a fusion there).
     let gathers = mosaic
         .iter()
         .flat_map(|&(t, d, r)| {
             [
                 (t, d, r, "all-gather", 128, ["before", "hook"].as_slice()),
-                (t, d, r, "reduce-scatter", 128 * d, ["before"].as_slice()),
+                (
+                    t,
+                    d,
+                    r,
+                    "reduce-scatter",
+                    128 * d,
+                    ["before", "hook"].as_slice(),
+                ),
             ]
         })
         .chain([(
