@@ -372,6 +372,23 @@ def walk(op):
                 yield from walk(inner.operation)
 
 
+def check_input(rows, cols, n):
+    """The mesh of `n` XLA:CPU devices and the checks' input, `[n·rows,
+    cols]` bf16 sharded by rows: heavy tails, a few outlier channels, a NaN
+    and an Inf in one block each, an all-zero block."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices("cpu")[:n]), ("x",))
+    rng = np.random.default_rng(0)
+    x = rng.standard_t(3, (n * rows, cols)).astype(np.float32)
+    x[:, rng.choice(cols, 4, replace=False)] *= 100
+    x[3, 5], x[rows + 7, 70] = np.nan, np.inf
+    x[2 * rows:2 * rows + 1, :64] = 0  # an all-zero block
+    return mesh, jax.device_put(jnp.asarray(x, jnp.bfloat16), NamedSharding(mesh, P("x")))
+
+
 def check(rows, cols, tm, form, rotation, n):
     """The Mosaic kernels against equarx's own rewrite (XLA:TPU's emission,
     `platform=tpu`, the same plan) of the same psum on `n` XLA:CPU devices,
@@ -380,19 +397,10 @@ def check(rows, cols, tm, form, rotation, n):
     for TPU, run by `tests/compilers/mosaic.py`, the collectives between
     them in numpy). Returns the count of elements that differ."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import equarx.jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    devices = jax.devices("cpu")[:n]
-    mesh = Mesh(np.array(devices), ("x",))
-    rng = np.random.default_rng(0)
-    # Heavy tails, a few outlier channels, a NaN and an Inf in one block each.
-    x = rng.standard_t(3, (n * rows, cols)).astype(np.float32)
-    x[:, rng.choice(cols, 4, replace=False)] *= 100
-    x[3, 5], x[rows + 7, 70] = np.nan, np.inf
-    x[2 * rows:2 * rows + 1, :64] = 0  # an all-zero block
-    x = jax.device_put(jnp.asarray(x, jnp.bfloat16), NamedSharding(mesh, P("x")))
+    from jax.sharding import PartitionSpec as P
+    mesh, x = check_input(rows, cols, n)
 
     def shard_mapped(body):
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
@@ -447,21 +455,13 @@ def check_collective(collective, rows, cols, rotation, n):
     same plan for XLA:TPU on `n` XLA:CPU devices, bit for bit, every
     device's result. Returns the count of elements that differ."""
     import jax
-    import jax.numpy as jnp
     import ml_dtypes
     import numpy as np
     import equarx.jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import PartitionSpec as P
     sys.path.insert(0, os.path.join(compilers.REPO, "tests/compilers"))
     import mosaic
-    devices = jax.devices("cpu")[:n]
-    mesh = Mesh(np.array(devices), ("x",))
-    rng = np.random.default_rng(0)
-    x = rng.standard_t(3, (n * rows, cols)).astype(np.float32)
-    x[:, rng.choice(cols, 4, replace=False)] *= 100
-    x[3, 5], x[rows + 7, 70] = np.nan, np.inf
-    x[2 * rows:2 * rows + 1, :64] = 0  # an all-zero block
-    x = jax.device_put(jnp.asarray(x, jnp.bfloat16), NamedSharding(mesh, P("x")))
+    mesh, x = check_input(rows, cols, n)
     if collective == "all-gather":
         body = lambda a: jax.lax.all_gather(a, "x", tiled=True)  # noqa: E731
     else:
