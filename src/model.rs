@@ -82,13 +82,14 @@ pub fn run(a: ModelArgs) -> Result<()> {
         topology.kernel_latency_us
     );
     if let Some(m) = &mosaic {
+        let k = m.topology_for(Platform::Tpu).kernels;
         say!(
-            "kernels: equarx's own Mosaic kernels for the plans they take (two-shot's \
-             all-reduce, an all-gather), {} per phase and {} per op, their codes in unpadded \
-             rows; a row says (mosaic) where they are predicted faster (an operand they cannot \
-             take keeps the HLO form: see the report)",
-            m.topology_for(Platform::Tpu).kernels.phase,
-            m.topology_for(Platform::Tpu).kernels.op
+            "kernels: equarx's own Mosaic kernels for the all-reduces they take (two-shot), {} \
+             per phase and {} per op, their codes in unpadded rows; a row says (mosaic) where \
+             they are predicted faster (an operand they cannot take keeps the HLO form: see the \
+             report)",
+            k.phase,
+            k.op
         );
     }
     if topology.wire_row_bytes > 0 {

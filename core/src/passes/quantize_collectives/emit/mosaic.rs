@@ -201,8 +201,9 @@ fn reads_as_tiled_rows(s: &ShapeProto) -> bool {
 impl Emitter<'_, '_, '_> {
     /// The plan's collective of the one operand through the kernels
     /// ([`fits`] said yes): two-shot's all-reduce as quantize, all-to-all of
-    /// codes and scales, sum, all-gather of both, dequantize; an all-gather
-    /// as quantize, all-gather of both, dequantize. Past libtpu's layout
+    /// codes and scales, sum, all-gather of both, dequantize; its
+    /// reduce-scatter as the first three; an all-gather as quantize,
+    /// all-gather of both, dequantize. Past libtpu's layout
     /// assignment every array of it carries libtpu's tiles.
     pub(super) fn mosaic_kernels(&mut self, s: Shape) -> Value {
         let tiled = self.inputs.stage == Stage::Tiled;
@@ -421,6 +422,7 @@ pub(super) fn kernels(shape: Shape) -> Steps {
             quantize: quantize_kernel(shape),
             sum: sum_kernel(shape),
         },
+        // (`takes_plan` admits no all-to-all.)
         Collective::AllReduce | Collective::AllToAll => Steps::AllReduce {
             quantize: quantize_kernel(shape),
             sum: sum_kernel(shape),
@@ -1009,16 +1011,17 @@ fn sum_kernel(s: Shape) -> String {
     }
     let mut body = Body::new(&refs);
     let c = common(&mut body);
-    let lim = limits(&mut body);
+    // The gather's requantize needs the codes' limits; a reduce-scatter's
+    // sum is the result.
+    let lim = (!scatter).then(|| limits(&mut body));
     let at = step_offset(&mut body, m);
     let (codes_in, scales_in) = (body.arg(0), body.arg(1));
     let h = (scatter && s.rotation).then(|| {
         let h = body.arg(2);
         body.load(&h, &[0, 0], &[128, 128], &[128, 128], "f32")
     });
-    // What it writes: the codes and the slab, or the result.
+    // What it writes: the codes (then their slab), or the result.
     let out = body.arg(2 + usize::from(h.is_some()));
-    let slab = (!scatter).then(|| body.arg(3));
     let part_scales: Vec<V> = (0..p)
         .map(|k| load_slab(&mut body, &scales_in, k, nb, m, &at))
         .collect();
@@ -1041,34 +1044,35 @@ fn sum_kernel(s: Shape) -> String {
             sums.extend(parts.get(2 * h).cloned());
             parts = sums;
         }
-        if scatter {
-            let mut y = parts[0].clone();
-            if let Some(h) = &h {
-                y = rotated(&mut body, &c, &y, h);
+        let y = match &lim {
+            Some(lim) => {
+                let (q, pair) = quantize(&mut body, &c, lim, &parts[0]);
+                pairs.push(pair);
+                q
             }
-            let y = body.unary("arith.truncf", &y, "bf16");
-            body.store(&y, &out, &[0, 128 * j]);
-            continue;
-        }
-        let (q, pair) = quantize(&mut body, &c, &lim, &parts[0]);
-        body.store(&q, &out, &[0, 128 * j]);
-        pairs.push(pair);
+            None => {
+                let y = match &h {
+                    Some(h) => rotated(&mut body, &c, &parts[0], h),
+                    None => parts[0].clone(),
+                };
+                body.unary("arith.truncf", &y, "bf16")
+            }
+        };
+        body.store(&y, &out, &[0, 128 * j]);
     }
     let mut windows = vec![
         (vec![p, tm, cols], Transform::MiddleRows),
         (vec![p, nb, m], Transform::Whole),
     ];
-    if scatter {
-        if s.rotation {
-            windows.push((vec![128, 128], Transform::Whole));
-        }
-        windows.push((vec![tm, cols], Transform::Rows));
-        return body.finish("equarx_sum_scatter", s.rows / p / tm, &windows);
-    }
-    if let Some(slab) = &slab {
-        store_slab(&mut body, slab, nb, m, &at, &pairs);
+    if h.is_some() {
+        windows.push((vec![128, 128], Transform::Whole));
     }
     windows.push((vec![tm, cols], Transform::Rows));
+    if scatter {
+        return body.finish("equarx_sum_scatter", s.rows / p / tm, &windows);
+    }
+    let slab = body.arg(3);
+    store_slab(&mut body, &slab, nb, m, &at, &pairs);
     windows.push((vec![1, nb, m], Transform::Whole));
     body.finish("equarx_sum", s.rows / p / tm, &windows)
 }
