@@ -4,7 +4,6 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use equarx::ir::Module;
-use equarx::passes::Platform;
 use equarx::passes::quantize_collectives::report::{CollectiveOp, describe};
 
 use crate::args::{InputArgs, PassArgs};
@@ -92,9 +91,7 @@ fn analyze_predicted(a: &AnalyzeArgs) -> Result<()> {
     }
     // Given (`--topology` is what asked for the prediction), so the one the
     // pass charged.
-    let topology = options
-        .pass
-        .topology_for(options.pass.platform.unwrap_or(Platform::Tpu));
+    let topology = options.pass.stated_topology();
     say!(
         "model (not a measurement): {} ({})",
         topology.name,

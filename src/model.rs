@@ -46,7 +46,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
             let c = charges(&o, stage);
             (c.hlo.topology_for(c.platform), c.mosaic)
         }
-        None => (o.topology_for(o.platform.unwrap_or(Platform::Tpu)), None),
+        None => (o.stated_topology(), None),
     };
     if let Some(path) = &a.plot {
         plot_speedups(&a, &o, path)?;

@@ -214,6 +214,14 @@ impl Options {
             Topology::parse(name).unwrap_or_else(|e| unreachable!("{e}"))
         })
     }
+
+    /// [`Options::topology_for`] the `platform` option, where no stage says
+    /// which compiler it is (`auto`: the TPU's): what `equarx model` and
+    /// `analyze` print, and what [`crate::passes::quantize_collectives`]'s
+    /// planner charges when called without the pass's charges.
+    pub fn stated_topology(&self) -> Topology {
+        self.topology_for(self.platform.unwrap_or(Platform::Tpu))
+    }
 }
 
 /// The topology the cost model assumes unless told: the paper's TPU, and

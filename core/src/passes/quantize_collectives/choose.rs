@@ -27,7 +27,6 @@ use super::skip::SkipReason;
 use crate::cost::{PredictedTime, Prediction, Topology, predict};
 use crate::numerics::error::{Data, predicted};
 use crate::options::Options;
-use crate::passes::Platform;
 use crate::plan::{
     Algorithm, Collective, Config, Grid, Plan, PlanError, Rotation, baseline_wire_bytes,
 };
@@ -177,7 +176,8 @@ pub fn choose_plan(
     data: Data,
     options: &Options,
 ) -> Result<Choice, SkipReason> {
-    let topology = charged(options);
+    // [`super::charges`] sets it for every op the pass prices.
+    let topology = options.stated_topology();
     let configs = candidates(p, payload.collective, options, &topology)?;
     let scored = predictions(p, payload, data, &topology, configs)?;
     let within = within_budget(scored, options)?;
@@ -189,12 +189,6 @@ pub fn choose_plan(
         &topology,
         fastest_most_exact(within),
     )
-}
-
-/// The machine the time model charges: the topology [`super::charges`]
-/// set, else the platform's (where `choose_plan` is called directly).
-fn charged(options: &Options) -> Topology {
-    options.topology_for(options.platform.unwrap_or(Platform::Tpu))
 }
 
 /// Step 1: the configurations to plan for `collective` over groups of `p`.

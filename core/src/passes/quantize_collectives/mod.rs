@@ -92,8 +92,9 @@ fn charged_at(topology: &Topology, stage: Stage) -> Topology {
 
 /// The options under which the time model charges equarx's own Mosaic
 /// kernels (`emit/mosaic.rs`) on XLA:TPU: `options` (as [`charged_at`]
-/// left them) with two-shot forced, the one all-reduce the kernels write
-/// (an all-gather has no algorithm to force), the kernels' counts
+/// left them) with two-shot forced, the one algorithm of the all-reduces
+/// and reduce-scatters the kernels write (an all-gather has none to force),
+/// the kernels' counts
 /// ([`MOSAIC_KERNELS`]) and the codes in unpadded rows of 128 lanes. An
 /// error says why the kernels are not in play: not XLA:TPU, `kernels=hlo`,
 /// or options that rule out the plan they take.
@@ -213,8 +214,8 @@ impl QuantizeCollectives {
     /// Why an op rewritten as `plan` by HLO did not get the Mosaic kernels,
     /// where the report should say so: always when `kernels=mosaic` asked
     /// for them; with auto, on XLA:TPU, when the plan is the kernels' own
-    /// (a two-shot all-reduce, an all-gather) and only the operand kept
-    /// them out.
+    /// (a two-shot all-reduce or reduce-scatter, an all-gather) and only the
+    /// operand kept them out.
     fn why_not_mosaic(&self, c: &eligibility::Candidate, plan: &Plan) -> Option<String> {
         let asked = self.options.kernels == Some(Kernels::Mosaic);
         if self.mosaic.is_none() {
