@@ -872,4 +872,29 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
         );
         assert!(!text.contains("tpu_custom_call"), "{extra:?}");
     }
+    // A row wider than 4096 takes the kernels in groups of 512 columns;
+    // one that does not split into them keeps HLO, and says why.
+    let forced = [
+        "--platform",
+        "tpu",
+        "--algorithm",
+        "two-shot",
+        "--min-payload",
+        "0",
+    ];
+    resize("bf16[2,256,1024]", "bf16[512,8192]");
+    let (_, op, text) = rewrite("mosaic", &forced);
+    assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
+    assert!(text.contains("tpu_custom_call"), "{text}");
+    resize("bf16[512,8192]", "bf16[512,4224]");
+    let (_, op, text) = rewrite("mosaic", &forced);
+    assert!(op["plan"]["config"].get("kernels").is_none(), "{op}");
+    assert!(
+        op["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("4224, is neither a multiple of 128 up to 4096 nor of 512"),
+        "{op}"
+    );
+    assert!(!text.contains("tpu_custom_call"), "{text}");
 }

@@ -274,14 +274,23 @@ fn main() {
         ("v5p:2x2x2", 8, "hadamard"),
         ("v6e:2x4", 8, "hadamard"),
     ];
-    for ((topology, devices, rotation), (door, prefix)) in mosaic
+    // 1024 columns are two of the kernels' groups; a row wider than 4096
+    // (16 groups) takes them too.
+    let wide = [("v5e:2x2", 4, "hadamard", "hook", "hook+wide")];
+    for (topology, devices, rotation, door, prefix, cols) in mosaic
         .into_iter()
-        .flat_map(|m| [(m, ("before", "before_xla")), (m, ("hook", "hook"))])
+        .flat_map(|(t, d, r)| {
+            [
+                (t, d, r, "before", "before_xla", 1024),
+                (t, d, r, "hook", "hook", 1024),
+            ]
+        })
+        .chain(wide.map(|(t, d, r, door, prefix)| (t, d, r, door, prefix, 8192)))
     {
         batches.entry(topology.to_string()).or_default().push(Job {
             name: format!("{prefix}::two-shot+{rotation}+int8+mosaic@{topology}"),
             spec: json!({
-                "program": "psum", "devices": devices, "rows": 128 * devices, "cols": 1024,
+                "program": "psum", "devices": devices, "rows": 128 * devices, "cols": cols,
                 "door": door,
                 "options": {"min_payload_bytes": 0, "algorithm": "two-shot",
                             "rotation": rotation, "quant_format": "int8", "kernels": "mosaic"},
@@ -352,10 +361,10 @@ fn main() {
         }
     }
     // P = 3 carries an odd part through the sum's halves; P = 8 adds three
-    // levels of them.
+    // levels of them; 1024 columns are two groups of the grid.
     for (rotation, devices, shape) in [
         ("hadamard", 4, "512,640"),
-        ("none", 4, "512,640"),
+        ("none", 4, "512,1024"),
         ("hadamard", 3, "384,640"),
         ("hadamard", 8, "1024,256"),
     ] {

@@ -81,13 +81,14 @@
  *       dequantize-sum-requantize and dequantize, its reduce-scatter's
  *       quantize and dequantize-sum, and an all-gather's quantize and
  *       dequantize, as one Mosaic kernel each; int8, B = 64, bf16 scales, an
- *       operand whose last dimension is a multiple of 128 up to 4096 and
- *       whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 rows
- *       a rank, any P), scattered or gathered whole rows; at the hook laid
- *       out as libtpu lays it out), or auto (the default): on XLA:TPU mosaic
- *       where the kernels take the op and the time model predicts them faster
- *       than the hlo plan, hlo otherwise; hlo on XLA:CPU and XLA:GPU. An op
- *       mosaic cannot take keeps hlo, and the report says why.
+ *       operand whose last dimension is a multiple of 128 up to 4096 or of
+ *       512 and whose rows are a multiple of 128·P, P <= 8 (an all-gather:
+ *       128 rows a rank, any P), scattered or gathered whole rows; at the
+ *       hook laid out as libtpu lays it out), or auto (the default): on
+ *       XLA:TPU mosaic where the kernels take the op and the time model
+ *       predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU
+ *       and XLA:GPU. An op mosaic cannot take keeps hlo, and the report says
+ *       why.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per

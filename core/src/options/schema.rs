@@ -381,8 +381,8 @@ pub static OPTIONS: &[OptionSpec] = &[
                the pass writes two-shot's quantize, dequantize-sum-requantize and dequantize, \
                its reduce-scatter's quantize and dequantize-sum, and an all-gather's quantize \
                and dequantize, as one Mosaic kernel each; int8, B = 64, bf16 scales, an \
-               operand whose last dimension is a multiple of 128 up to 4096 and whose rows \
-               are a multiple of 128·P, P <= 8 (an all-gather: 128 rows a rank, any P), \
+               operand whose last dimension is a multiple of 128 up to 4096 or of 512 and \
+               whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 rows a rank, any P), \
                scattered or gathered whole rows; at the hook laid out as libtpu lays it out), \
                or auto (the \
                default): on XLA:TPU mosaic where the kernels take the op and the time model \
@@ -390,10 +390,10 @@ pub static OPTIONS: &[OptionSpec] = &[
                XLA:GPU. An op mosaic cannot take keeps hlo, and the report says why.",
         why: "libtpu makes 7 (at its hook) to 14 kernels an op of the HLO form; as one \
               Mosaic kernel a step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB \
-              psum in 5.2x the original's time instead of 15.2x, a TP MLP in 1.19x instead \
+              psum in 2.6x the original's time instead of 15.2x, a TP MLP in 1.19x instead \
               of 1.42x, Gemma 3 270M in 1.18x instead of 1.89x, and at the hook in 1.11x \
               instead of 1.75x; an all-gather or a reduce-scatter is 2 kernels instead of 8 \
-              or 10 (a lone one compiles in 5.0x or 2.5x the original's time instead of \
+              or 10 (a lone one compiles in 2.8x or 1.0x the original's time instead of \
               15.9x or 12.3x); at the hook the HLO form's codes travel in padded 128-byte \
               tile rows, the kernels' do not ([BENCHMARKS.md](../BENCHMARKS.md)). No TPU \
               runs the kernels here: their text runs on the host against the HLO emission, \

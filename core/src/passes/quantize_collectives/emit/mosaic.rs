@@ -12,7 +12,9 @@
 //! multiple of 128): each 128 lanes of a row are two blocks of 64, so a
 //! block is 64 consecutive elements of the flattened payload, as in the HLO
 //! emission, and no element moves between TPU tiles. A grid step takes
-//! [`ROWS_PER_STEP`] rows and unrolls the row's 128-lane chunks.
+//! [`ROWS_PER_STEP`] rows of one group of columns ([`GROUP_COLS`], or the
+//! whole row where it does not split into them) and unrolls the group's
+//! 128-lane chunks: the grid is the groups by the row steps.
 //!
 //! The scales travel as slabs `[nb, m]`, one per destination rank (its m
 //! rows along the lanes): stored as rows `[m, nb]` (nb < 128 lanes), libtpu
@@ -45,7 +47,7 @@ use crate::plan::{
 use crate::proto::{PrimitiveType, ShapeProto};
 
 /// The largest group whose parts the sum kernel adds one by one (its body
-/// grows with P × the row's chunks).
+/// grows with P × a step's chunks).
 const MAX_PARTS: i64 = 8;
 
 /// A rank's rows are a multiple of this: its scales travel as a slab
@@ -53,7 +55,8 @@ const MAX_PARTS: i64 = 8;
 /// transposes and rotations on fewer: "unsupported unaligned shape").
 const SLAB_LANES: i64 = 128;
 
-/// The widest row the kernels unroll (32 chunks of 128 lanes).
+/// The widest row the kernels unroll whole (32 chunks of 128 lanes); a
+/// row of whole [`GROUP_COLS`] groups may be any width.
 const MAX_COLS: i64 = 4096;
 
 /// Whether `options` leave the kernels their plan: a two-shot (or the
@@ -127,9 +130,10 @@ pub(in crate::passes::quantize_collectives) fn fits(
     let dims = &operand.dimensions;
     let cols = dims.last().copied().unwrap_or(1);
     let mut rows: i64 = dims.iter().rev().skip(1).product();
-    if cols % 128 != 0 || cols > MAX_COLS {
+    if cols % 128 != 0 || (cols > MAX_COLS && cols % GROUP_COLS != 0) {
         return Err(format!(
-            "the last dimension, {cols}, is not a multiple of 128 up to {MAX_COLS}"
+            "the last dimension, {cols}, is neither a multiple of 128 up to {MAX_COLS} nor of \
+             {GROUP_COLS}"
         ));
     }
     let gather = plan.collective == Collective::AllGather;
@@ -239,7 +243,8 @@ impl Emitter<'_, '_, '_> {
     /// result as `[R, C]`.
     fn mosaic_steps(&mut self, s: Shape) -> Value {
         let (rows, cols, p) = (s.rows, s.cols, s.parts);
-        let (nb, m) = (s.blocks(), s.rows / s.parts);
+        // Every block of a row: the slabs' rows (a step's group takes some).
+        let (nb, m) = (s.cols / 64, s.rows / s.parts);
         let h = s
             .rotation
             .then(|| self.b.f32_array(&rotation_matrix(), &[128, 128]));
@@ -350,6 +355,12 @@ impl Emitter<'_, '_, '_> {
 /// that a block of codes may have.
 pub(super) const ROWS_PER_STEP: i64 = 32;
 
+/// The widest group of columns a grid step unrolls (chunks of 128 lanes):
+/// Mosaic's compile time grows with the unrolled body, so a wider row is
+/// split into groups of this many, each its own column of the grid. A
+/// group's scales are a window of whole bf16 tiles in the slab.
+const GROUP_COLS: i64 = 512;
+
 /// The `stable_mosaic` version the text is written in: what jax 0.10.2
 /// writes, which libtpu 0.0.42.1 reads.
 const VERSION: u32 = 15;
@@ -369,11 +380,27 @@ pub(in crate::passes::quantize_collectives) struct Shape {
 }
 
 impl Shape {
-    fn blocks(&self) -> i64 {
-        self.cols / 64
+    /// The columns a grid step takes: the row's whole width, or a group of
+    /// [`GROUP_COLS`] where it splits into them.
+    fn group(&self) -> i64 {
+        if self.cols > GROUP_COLS && self.cols % GROUP_COLS == 0 {
+            GROUP_COLS
+        } else {
+            self.cols
+        }
     }
+    /// The blocks of 64 a step takes, a group's rows of a scales slab.
+    fn blocks(&self) -> i64 {
+        self.group() / 64
+    }
+    /// The chunks of 128 lanes a step unrolls.
     fn chunks(&self) -> i64 {
-        self.cols / 128
+        self.group() / 128
+    }
+    /// The grid: column groups outer, row steps (of `rows`) inner, so a
+    /// slab's window is every one of its steps in a row.
+    fn grid(&self, rows: i64) -> [i64; 2] {
+        [self.cols / self.group(), rows / ROWS_PER_STEP]
     }
 }
 
@@ -456,18 +483,19 @@ struct Body {
 }
 
 impl Body {
-    /// A body whose block takes the grid index and `refs` (memref types).
+    /// A body whose block takes the grid's two indices (the column group,
+    /// then the row step: [`ROW_STEP`]) and `refs` (memref types).
     fn new(refs: &[String]) -> Self {
-        let mut args = vec![V {
-            name: "%arg0".into(),
-            ty: "i32".into(),
-        }];
-        for (k, ty) in refs.iter().enumerate() {
-            args.push(V {
-                name: format!("%arg{}", k + 1),
+        let types = ["i32".to_string(), "i32".to_string()];
+        let args = types
+            .iter()
+            .chain(refs)
+            .enumerate()
+            .map(|(k, ty)| V {
+                name: format!("%arg{k}"),
                 ty: ty.clone(),
-            });
-        }
+            })
+            .collect();
         Body {
             text: String::new(),
             next: 0,
@@ -476,7 +504,7 @@ impl Body {
     }
 
     fn arg(&self, k: usize) -> V {
-        self.args[k + 1].clone()
+        self.args[k + 2].clone()
     }
 
     /// `op` on `operands` with `attrs`, of type `result` ("" for none).
@@ -633,7 +661,7 @@ impl Body {
     }
 
     /// The kernel function around the body.
-    fn finish(mut self, name: &str, grid: i64, windows: &[(Vec<i64>, Transform)]) -> String {
+    fn finish(mut self, name: &str, grid: [i64; 2], windows: &[(Vec<i64>, Transform)]) -> String {
         self.op("func.return", &[], "", "");
         let arg_decls: Vec<String> = self
             .args
@@ -656,13 +684,15 @@ impl Body {
         let _ = write!(
             out,
             "  \"stable_mosaic.func.func\"() ({{\n  ^bb0({}):\n{}  }}) {{dimension_semantics = \
-             [#tpu.dimension_semantics<arbitrary>], function_type = ({}) -> (), iteration_bounds \
-             = array<i64: {grid}>, scalar_prefetch = 0 : i64, scratch_operands = 0 : i64, \
+             [#tpu.dimension_semantics<arbitrary>, #tpu.dimension_semantics<arbitrary>], \
+             function_type = ({}) -> (), iteration_bounds = array<i64: {}, {}>, scalar_prefetch = 0 : i64, scratch_operands = 0 : i64, \
              sym_name = \"{name}\", tpu.core_type = #tpu.core_type<tc>, window_params = [{}]}} : \
              () -> ()\n",
             arg_decls.join(", "),
             self.text,
             arg_types.join(", "),
+            grid[0],
+            grid[1],
             params.join(", ")
         );
         for (k, (bounds, transform)) in windows.iter().enumerate() {
@@ -682,41 +712,47 @@ fn retype(ty: &str, element: &str) -> String {
     }
 }
 
-/// Which block of its operand a grid step `i` takes.
+/// Which block of its operand the grid step (`g`, `i`) takes: column
+/// group `g`, row step `i`.
 #[derive(Clone, Copy)]
 enum Transform {
-    /// Block `i` along the first dimension of a 2-D operand: `(i, 0)`.
+    /// Of a 2-D operand: `(i, g)`.
     Rows,
-    /// Block `i` along the second of a 3-D one: `(0, i, 0)`.
+    /// Of a 3-D one, its parts whole: `(0, i, g)`.
     MiddleRows,
-    /// The whole operand: `(0, 0)`, `(0, 0, 0)`.
+    /// The whole operand: `(0, 0)`.
     Whole,
-    /// The slab of step `i`'s destination, `per` steps to one: `(i / per,
-    /// 0, 0)`.
+    /// Group `g`'s rows of the slab of step `i`'s destination, `per` steps
+    /// to one: `(i / per, g, 0)`.
     Slab(i64),
 }
+
+/// The grid's index arguments in a body and in a transform function: the
+/// column group, then the row step.
+const GROUP: &str = "%arg0";
+const ROW_STEP: &str = "%arg1";
 
 fn transform_func(k: usize, rank: usize, transform: Transform) -> String {
     let mut ops =
         "    %0 = \"stable_mosaic.arith.constant\"() {value = 0 : i32} : () -> i32\n".to_string();
     let results: Vec<&str> = match transform {
-        Transform::Rows => vec!["%arg0", "%0"],
-        Transform::MiddleRows => vec!["%0", "%arg0", "%0"],
+        Transform::Rows => vec![ROW_STEP, GROUP],
+        Transform::MiddleRows => vec!["%0", ROW_STEP, GROUP],
         Transform::Whole => vec!["%0"; rank],
         Transform::Slab(per) => {
             ops.push_str(&format!(
                 "    %1 = \"stable_mosaic.arith.constant\"() {{value = {per} : i32}} : () -> i32\n    \
-                 %2 = \"stable_mosaic.arith.divsi\"(%arg0, %1) : (i32, i32) -> i32\n"
+                 %2 = \"stable_mosaic.arith.divsi\"({ROW_STEP}, %1) : (i32, i32) -> i32\n"
             ));
-            vec!["%2", "%0", "%0"]
+            vec!["%2", GROUP, "%0"]
         }
     };
     debug_assert_eq!(results.len(), rank);
     let types = vec!["i32"; rank].join(", ");
     format!(
-        "  \"stable_mosaic.func.func\"() ({{\n  ^bb0(%arg0: i32):\n{ops}    \
-         \"stable_mosaic.func.return\"({}) : ({types}) -> ()\n  }}) {{function_type = (i32) -> \
-         ({types}), sym_name = \"transform_{k}\"}} : () -> ()\n",
+        "  \"stable_mosaic.func.func\"() ({{\n  ^bb0({GROUP}: i32, {ROW_STEP}: i32):\n{ops}    \
+         \"stable_mosaic.func.return\"({}) : ({types}) -> ()\n  }}) {{function_type = (i32, i32) \
+         -> ({types}), sym_name = \"transform_{k}\"}} : () -> ()\n",
         results.join(", ")
     )
 }
@@ -852,7 +888,7 @@ fn step_offset(body: &mut Body, m: i64) -> V {
         return body.i32(0);
     }
     let grid = V {
-        name: "%arg0".into(),
+        name: ROW_STEP.into(),
         ty: "i32".into(),
     };
     let per = body.i32(per);
@@ -952,7 +988,7 @@ fn rotated(body: &mut Body, c: &Common, y: &V, h: &V) -> V {
 
 fn quantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb, m) = (s.cols, s.blocks(), s.rows / s.parts);
+    let (cols, nb, m) = (s.group(), s.blocks(), s.rows / s.parts);
     let mut refs = vec![memref(&[tm, cols], "bf16")];
     if s.rotation {
         refs.push(memref(&[128, 128], "f32"));
@@ -988,7 +1024,7 @@ fn quantize_kernel(s: Shape) -> String {
     }
     windows.push((vec![tm, cols], Transform::Rows));
     windows.push((vec![1, nb, m], Transform::Slab(m / tm)));
-    body.finish("equarx_quantize", s.rows / tm, &windows)
+    body.finish("equarx_quantize", s.grid(s.rows), &windows)
 }
 
 /// The exchange's sum of what arrived, requantized for the gather, or for
@@ -996,7 +1032,7 @@ fn quantize_kernel(s: Shape) -> String {
 /// the bf16 result.
 fn sum_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb, p) = (s.cols, s.blocks(), s.parts);
+    let (cols, nb, p) = (s.group(), s.blocks(), s.parts);
     let m = s.rows / p;
     let scatter = s.collective == Collective::ReduceScatter;
     let mut refs = vec![memref(&[p, tm, cols], "i8"), memref(&[p, nb, m], "bf16")];
@@ -1060,26 +1096,27 @@ fn sum_kernel(s: Shape) -> String {
         };
         body.store(&y, &out, &[0, 128 * j]);
     }
+    // A destination's scales are its whole slab: one, every step.
     let mut windows = vec![
         (vec![p, tm, cols], Transform::MiddleRows),
-        (vec![p, nb, m], Transform::Whole),
+        (vec![p, nb, m], Transform::Slab(m / tm)),
     ];
     if h.is_some() {
         windows.push((vec![128, 128], Transform::Whole));
     }
     windows.push((vec![tm, cols], Transform::Rows));
     if scatter {
-        return body.finish("equarx_sum_scatter", s.rows / p / tm, &windows);
+        return body.finish("equarx_sum_scatter", s.grid(m), &windows);
     }
     let slab = body.arg(3);
     store_slab(&mut body, &slab, nb, m, &at, &pairs);
-    windows.push((vec![1, nb, m], Transform::Whole));
-    body.finish("equarx_sum", s.rows / p / tm, &windows)
+    windows.push((vec![1, nb, m], Transform::Slab(m / tm)));
+    body.finish("equarx_sum", s.grid(m), &windows)
 }
 
 fn dequantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb, m) = (s.cols, s.blocks(), s.rows / s.parts);
+    let (cols, nb, m) = (s.group(), s.blocks(), s.rows / s.parts);
     let mut refs = vec![memref(&[tm, cols], "i8"), memref(&[1, nb, m], "bf16")];
     if s.rotation {
         refs.push(memref(&[128, 128], "f32"));
@@ -1115,7 +1152,7 @@ fn dequantize_kernel(s: Shape) -> String {
         windows.push((vec![128, 128], Transform::Whole));
     }
     windows.push((vec![tm, cols], Transform::Rows));
-    body.finish("equarx_dequantize", s.rows / tm, &windows)
+    body.finish("equarx_dequantize", s.grid(s.rows), &windows)
 }
 
 #[cfg(test)]
@@ -1125,17 +1162,19 @@ mod tests {
     #[test]
     fn every_value_is_defined_before_use_and_the_windows_match_the_arguments() {
         for rotation in [false, true] {
+            // 640 columns are one step's; 1024 two groups of the grid.
             let texts: Vec<String> = [
-                (Collective::AllReduce, 256),
-                (Collective::ReduceScatter, 256),
-                (Collective::AllGather, 512),
+                (Collective::AllReduce, 256, 640),
+                (Collective::ReduceScatter, 256, 1024),
+                (Collective::AllGather, 512, 1024),
+                (Collective::AllReduce, 256, 1024),
             ]
             .into_iter()
-            .flat_map(|(collective, rows)| {
+            .flat_map(|(collective, rows, cols)| {
                 match kernels(Shape {
                     collective,
                     rows,
-                    cols: 640,
+                    cols,
                     parts: 4,
                     rotation,
                 }) {
@@ -1152,7 +1191,7 @@ mod tests {
                 }
             })
             .collect();
-            assert_eq!(texts.len(), 7);
+            assert_eq!(texts.len(), 10);
             for text in &texts {
                 let kernel = text.split("\"stable_mosaic.func.func\"").nth(1).unwrap();
                 let mut defined = std::collections::HashSet::new();
@@ -1179,7 +1218,9 @@ mod tests {
                     .split("):")
                     .next()
                     .unwrap();
-                assert_eq!(params + 1, args.matches("%arg").count(), "{args}");
+                // The grid's two indices, then a window a memref.
+                assert_eq!(params + 2, args.matches("%arg").count(), "{args}");
+                assert!(text.contains("iteration_bounds = array<i64: "), "{text}");
             }
         }
     }
