@@ -138,6 +138,7 @@ pub fn rewrite_with(
     let mut fusions = OutlineFusions {
         fuse: options.pass.fuse,
         stage,
+        platform,
     };
     for name in &options.disabled_passes {
         pipeline.disable(name);

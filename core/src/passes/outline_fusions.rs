@@ -15,6 +15,13 @@
 //!   be recomputed for every element of its block;
 //! - constants, iotas and broadcasts of constants are copied into every
 //!   fusion that uses them rather than passed in;
+//! - a reshape that ends a chain and only sees row-major bytes anew stays
+//!   outside as a `bitcast` (as a fusion's root XLA:CPU would compute each
+//!   element's index through it);
+//! - for XLA:CPU an expensive op (a divide: a block's reciprocal scale)
+//!   that a broadcast spreads is not fused into it, as XLA:CPU's own fusion
+//!   leaves it ("not profitable"): its loop emitter would compute it again
+//!   for every element of its block;
 //! - collectives, parameters, tuples and the rank lookup stay outside.
 //!
 //! Past XLA:TPU's layout assignment ([`Stage::Tiled`], its pre-scheduler
@@ -45,7 +52,7 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::quantize_collectives::splice::EMITTED_OP_NAME_PREFIX;
-use super::{Pass, PassError, Stage};
+use super::{Pass, PassError, Platform, Stage};
 use crate::ir::opcode::{Class, Opcode};
 use crate::ir::{CompId, Edits, InstrId, Module, shape};
 use crate::options::FuseMode;
@@ -56,6 +63,9 @@ use crate::proto::{HloComputationProto, HloInstructionProto, ProgramShapeProto};
 pub struct OutlineFusions {
     pub fuse: FuseMode,
     pub stage: Stage,
+    /// The compiler that gets the module: XLA:CPU's loop emitter computes
+    /// a fused operand of a broadcast again for every element it spreads to.
+    pub platform: Platform,
 }
 
 impl Pass for OutlineFusions {
@@ -87,7 +97,7 @@ impl Pass for OutlineFusions {
                         .collect()
                 });
             if !emitted.is_empty() {
-                changed |= fuse_emitted(module, comp, &emitted, rules)?;
+                changed |= fuse_emitted(module, comp, &emitted, rules, self.platform)?;
             }
         }
         Ok(changed || module.computations().len() != before)
@@ -324,23 +334,7 @@ fn shared_cheap_ops(
     let fusible = |i: &HloInstructionProto| eligible(i, emitted, by_id, users, Rules::Tiled);
     let cheap = |i: &HloInstructionProto| {
         Opcode::of(i).is_some_and(|op| {
-            op.is_elementwise()
-                && op.class() != Class::Collective
-                && !matches!(
-                    op,
-                    Opcode::Divide
-                        | Opcode::Remainder
-                        | Opcode::Power
-                        | Opcode::Exponential
-                        | Opcode::ExponentialMinusOne
-                        | Opcode::Log
-                        | Opcode::LogPlusOne
-                        | Opcode::Sqrt
-                        | Opcode::Rsqrt
-                        | Opcode::Cbrt
-                        | Opcode::Tanh
-                        | Opcode::Logistic
-                )
+            op.is_elementwise() && op.class() != Class::Collective && !expensive(op)
         })
     };
     let mut shared: HashSet<i64> = HashSet::default();
@@ -364,6 +358,26 @@ fn shared_cheap_ops(
     shared
 }
 
+/// An elementwise op XLA's own fusion does not recompute: a divide, a
+/// power, a transcendental.
+fn expensive(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::Divide
+            | Opcode::Remainder
+            | Opcode::Power
+            | Opcode::Exponential
+            | Opcode::ExponentialMinusOne
+            | Opcode::Log
+            | Opcode::LogPlusOne
+            | Opcode::Sqrt
+            | Opcode::Rsqrt
+            | Opcode::Cbrt
+            | Opcode::Tanh
+            | Opcode::Logistic
+    )
+}
+
 /// Outlines the fusible instructions among `emitted` (ids in computation
 /// `comp`) into loop fusions; whether anything changed.
 fn fuse_emitted(
@@ -371,6 +385,7 @@ fn fuse_emitted(
     comp: CompId,
     emitted: &HashSet<i64>,
     rules: Rules,
+    platform: Platform,
 ) -> Result<bool, PassError> {
     let Some(c) = module.computation(comp) else {
         return Ok(false);
@@ -379,7 +394,7 @@ fn fuse_emitted(
         c.instructions().iter().map(|i| (i.id, i)).collect();
     let users = c.users();
     let copied = copied_ops(c, emitted, &by_id, &users, rules);
-    let group = fusion_groups(c, emitted, &by_id, &copied, &users, rules);
+    let group = fusion_groups(c, emitted, &by_id, &copied, &users, rules, platform);
     let members = members_by_root(c, &group);
     let roots = fusion_roots(c, &members, &by_id, &copied, rules);
     let bitcasts = reshapes_to_bitcast(c, emitted, &group, &members, &by_id, rules);
@@ -416,6 +431,7 @@ fn fusion_groups(
     copied: &HashSet<i64>,
     users: &HashMap<InstrId, Vec<InstrId>>,
     rules: Rules,
+    platform: Platform,
 ) -> HashMap<i64, i64> {
     let root_of_comp = c.root_id().0;
     let eligible = |id: i64| {
@@ -425,7 +441,12 @@ fn fusion_groups(
     };
     let mut group: HashMap<i64, i64> = HashMap::default();
     for instr in c.instructions().iter().rev() {
-        if !eligible(instr.id) || copied.contains(&instr.id) {
+        if !eligible(instr.id)
+            || copied.contains(&instr.id)
+            || (rules == Rules::Fused
+                && !group.contains_key(&instr.id)
+                && bitcast_view(instr, by_id))
+        {
             continue;
         }
         let root = *group.entry(instr.id).or_insert(instr.id);
@@ -436,6 +457,16 @@ fn fusion_groups(
                 || copied.contains(&op)
                 || is(p, Opcode::Reduce)
                 || op == root_of_comp
+                // For XLA:CPU an expensive op spread by a broadcast (a
+                // block's reciprocal scale over its block) is made once
+                // into a buffer, as XLA:CPU's own fusion leaves it: fused,
+                // its loop emitter would compute it again for every
+                // element (XLA:GPU's fusion takes it).
+                || (rules == Rules::Fused
+                    && platform == Platform::Cpu
+                    && is(instr, Opcode::Broadcast)
+                    && !effectively_scalar(p)
+                    && Opcode::of(p).is_some_and(expensive))
                 // Past XLA:TPU's tiling a fusion computes over one shape
                 // but for its scalars and a reduce's input (module doc).
                 || (rules == Rules::Tiled
@@ -454,6 +485,21 @@ fn fusion_groups(
         }
     }
     group
+}
+
+/// Whether `i` is a reshape whose two sides are row-major: the same bytes
+/// seen anew. Past XLA's fusion such a reshape that ends a chain stays out
+/// of its fusion as a `bitcast` ([`reshapes_to_bitcast`]): as a fusion's
+/// root XLA:CPU computes every element's index into the operand through
+/// the reshape, the dequantize's `[n/64, 64]` to the op's `[4,512,640]`,
+/// say, about twice the kernel's time without it.
+fn bitcast_view(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
+    is(i, Opcode::Reshape)
+        && row_major(i)
+        && i.operand_ids
+            .first()
+            .and_then(|o| by_id.get(o))
+            .is_some_and(|o| row_major(o))
 }
 
 /// Whether `i`, an instruction equarx emitted, may join a fusion under
