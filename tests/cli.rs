@@ -795,17 +795,15 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
         (table, report[0].clone(), text)
     };
     // Two-shot for XLA:TPU: the three kernels, the plan says so.
-    let (table, op, text) = rewrite(
-        "mosaic",
-        &[
-            "--platform",
-            "tpu",
-            "--algorithm",
-            "two-shot",
-            "--min-payload",
-            "0",
-        ],
-    );
+    let forced = [
+        "--platform",
+        "tpu",
+        "--algorithm",
+        "two-shot",
+        "--min-payload",
+        "0",
+    ];
+    let (table, op, text) = rewrite("mosaic", &forced);
     assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
     assert!(table.contains("two-shot+hadamard/mosaic"), "{table}");
     assert_eq!(
@@ -874,14 +872,6 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
     }
     // A row wider than 4096 takes the kernels in groups of 512 columns;
     // one that does not split into them keeps HLO, and says why.
-    let forced = [
-        "--platform",
-        "tpu",
-        "--algorithm",
-        "two-shot",
-        "--min-payload",
-        "0",
-    ];
     resize("bf16[2,256,1024]", "bf16[512,8192]");
     let (_, op, text) = rewrite("mosaic", &forced);
     assert_eq!(op["plan"]["config"]["kernels"], "mosaic", "{op}");
