@@ -988,12 +988,12 @@ fn rotated(body: &mut Body, c: &Common, y: &V, h: &V) -> V {
 
 fn quantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb, m) = (s.group(), s.blocks(), s.rows / s.parts);
-    let mut refs = vec![memref(&[tm, cols], "bf16")];
+    let (width, nb, m) = (s.group(), s.blocks(), s.rows / s.parts);
+    let mut refs = vec![memref(&[tm, width], "bf16")];
     if s.rotation {
         refs.push(memref(&[128, 128], "f32"));
     }
-    refs.push(memref(&[tm, cols], "i8"));
+    refs.push(memref(&[tm, width], "i8"));
     refs.push(memref(&[1, nb, m], "bf16"));
     let mut body = Body::new(&refs);
     let c = common(&mut body);
@@ -1018,11 +1018,11 @@ fn quantize_kernel(s: Shape) -> String {
         pairs.push(pair);
     }
     store_slab(&mut body, &scales, nb, m, &at, &pairs);
-    let mut windows = vec![(vec![tm, cols], Transform::Rows)];
+    let mut windows = vec![(vec![tm, width], Transform::Rows)];
     if s.rotation {
         windows.push((vec![128, 128], Transform::Whole));
     }
-    windows.push((vec![tm, cols], Transform::Rows));
+    windows.push((vec![tm, width], Transform::Rows));
     windows.push((vec![1, nb, m], Transform::Slab(m / tm)));
     body.finish("equarx_quantize", s.grid(s.rows), &windows)
 }
@@ -1032,17 +1032,17 @@ fn quantize_kernel(s: Shape) -> String {
 /// the bf16 result.
 fn sum_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb, p) = (s.group(), s.blocks(), s.parts);
+    let (width, nb, p) = (s.group(), s.blocks(), s.parts);
     let m = s.rows / p;
     let scatter = s.collective == Collective::ReduceScatter;
-    let mut refs = vec![memref(&[p, tm, cols], "i8"), memref(&[p, nb, m], "bf16")];
+    let mut refs = vec![memref(&[p, tm, width], "i8"), memref(&[p, nb, m], "bf16")];
     if scatter {
         if s.rotation {
             refs.push(memref(&[128, 128], "f32"));
         }
-        refs.push(memref(&[tm, cols], "bf16"));
+        refs.push(memref(&[tm, width], "bf16"));
     } else {
-        refs.push(memref(&[tm, cols], "i8"));
+        refs.push(memref(&[tm, width], "i8"));
         refs.push(memref(&[1, nb, m], "bf16"));
     }
     let mut body = Body::new(&refs);
@@ -1098,13 +1098,13 @@ fn sum_kernel(s: Shape) -> String {
     }
     // A destination's scales are its whole slab: one, every step.
     let mut windows = vec![
-        (vec![p, tm, cols], Transform::MiddleRows),
+        (vec![p, tm, width], Transform::MiddleRows),
         (vec![p, nb, m], Transform::Slab(m / tm)),
     ];
     if h.is_some() {
         windows.push((vec![128, 128], Transform::Whole));
     }
-    windows.push((vec![tm, cols], Transform::Rows));
+    windows.push((vec![tm, width], Transform::Rows));
     if scatter {
         return body.finish("equarx_sum_scatter", s.grid(m), &windows);
     }
@@ -1116,12 +1116,12 @@ fn sum_kernel(s: Shape) -> String {
 
 fn dequantize_kernel(s: Shape) -> String {
     let tm = ROWS_PER_STEP;
-    let (cols, nb, m) = (s.group(), s.blocks(), s.rows / s.parts);
-    let mut refs = vec![memref(&[tm, cols], "i8"), memref(&[1, nb, m], "bf16")];
+    let (width, nb, m) = (s.group(), s.blocks(), s.rows / s.parts);
+    let mut refs = vec![memref(&[tm, width], "i8"), memref(&[1, nb, m], "bf16")];
     if s.rotation {
         refs.push(memref(&[128, 128], "f32"));
     }
-    refs.push(memref(&[tm, cols], "bf16"));
+    refs.push(memref(&[tm, width], "bf16"));
     let mut body = Body::new(&refs);
     let c = common(&mut body);
     let (codes, scales_in) = (body.arg(0), body.arg(1));
@@ -1145,13 +1145,13 @@ fn dequantize_kernel(s: Shape) -> String {
         body.store(&y, &out, &[0, 128 * j]);
     }
     let mut windows = vec![
-        (vec![tm, cols], Transform::Rows),
+        (vec![tm, width], Transform::Rows),
         (vec![1, nb, m], Transform::Slab(m / tm)),
     ];
     if s.rotation {
         windows.push((vec![128, 128], Transform::Whole));
     }
-    windows.push((vec![tm, cols], Transform::Rows));
+    windows.push((vec![tm, width], Transform::Rows));
     body.finish("equarx_dequantize", s.grid(s.rows), &windows)
 }
 
