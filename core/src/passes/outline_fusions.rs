@@ -445,7 +445,7 @@ fn fusion_groups(
             || copied.contains(&instr.id)
             || (rules == Rules::Fused
                 && !group.contains_key(&instr.id)
-                && bitcast_view(instr, by_id))
+                && bitcast_view(instr, by_id, rules))
         {
             continue;
         }
@@ -487,19 +487,32 @@ fn fusion_groups(
     group
 }
 
-/// Whether `i` is a reshape whose two sides are row-major: the same bytes
-/// seen anew. Past XLA's fusion such a reshape that ends a chain stays out
-/// of its fusion as a `bitcast` ([`reshapes_to_bitcast`]): as a fusion's
-/// root XLA:CPU computes every element's index into the operand through
-/// the reshape, the dequantize's `[n/64, 64]` to the op's `[4,512,640]`,
-/// say, about twice the kernel's time without it.
-fn bitcast_view(i: &HloInstructionProto, by_id: &HashMap<i64, &HloInstructionProto>) -> bool {
+/// Whether `i` is a reshape that sees its operand's bytes anew under
+/// `rules`: both sides row-major past XLA's fusion; past XLA:TPU's tiling,
+/// whole tile rows regrouped ([`shape::tiled_reshape_is_bitcast`]: the
+/// tiles pad any other reshape's two sides differently). Past XLA's fusion
+/// such a reshape that ends a chain stays out of its fusion as a `bitcast`
+/// ([`reshapes_to_bitcast`]): as a fusion's root XLA:CPU computes every
+/// element's index into the operand through the reshape, the dequantize's
+/// `[n/64, 64]` to the op's `[4,512,640]`, say, about twice the kernel's
+/// time without it.
+fn bitcast_view(
+    i: &HloInstructionProto,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    rules: Rules,
+) -> bool {
+    let Some(from) = i.operand_ids.first().and_then(|o| by_id.get(o)) else {
+        return false;
+    };
     is(i, Opcode::Reshape)
-        && row_major(i)
-        && i.operand_ids
-            .first()
-            .and_then(|o| by_id.get(o))
-            .is_some_and(|o| row_major(o))
+        && match rules {
+            Rules::Fused => row_major(from) && row_major(i),
+            Rules::Tiled => from
+                .shape
+                .as_ref()
+                .zip(i.shape.as_ref())
+                .is_some_and(|(f, t)| shape::tiled_reshape_is_bitcast(f, t)),
+        }
 }
 
 /// Whether `i`, an instruction equarx emitted, may join a fusion under
@@ -595,9 +608,7 @@ fn fusion_roots(
 /// Reshapes left outside every fusion whose layouts make them a
 /// reinterpretation of the same bytes: `bitcast`, as XLA's own simplifier
 /// has made every such reshape by this stage (a reshape left as it is runs
-/// as a copy). Past XLA:TPU's tiling, only those that regroup whole tile
-/// rows ([`shape::tiled_reshape_is_bitcast`]): the tiles pad any other
-/// reshape's two sides differently.
+/// as a copy): [`bitcast_view`].
 fn reshapes_to_bitcast(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
@@ -606,26 +617,14 @@ fn reshapes_to_bitcast(
     by_id: &HashMap<i64, &HloInstructionProto>,
     rules: Rules,
 ) -> Vec<i64> {
-    let same_bytes = |from: &HloInstructionProto, to: &HloInstructionProto| match rules {
-        Rules::Fused => row_major(from) && row_major(to),
-        Rules::Tiled => from
-            .shape
-            .as_ref()
-            .zip(to.shape.as_ref())
-            .is_some_and(|(f, t)| shape::tiled_reshape_is_bitcast(f, t)),
-    };
     c.instructions()
         .iter()
         .filter(|i| {
-            is(i, Opcode::Reshape)
-                && emitted.contains(&i.id)
+            emitted.contains(&i.id)
                 && members
                     .get(group.get(&i.id).unwrap_or(&i.id))
                     .is_none_or(|m| m.len() == 1 || only_reshapes(m, by_id))
-                && i.operand_ids
-                    .first()
-                    .and_then(|o| by_id.get(o))
-                    .is_some_and(|o| same_bytes(o, i))
+                && bitcast_view(i, by_id, rules)
         })
         .map(|i| i.id)
         .collect()
