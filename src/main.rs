@@ -7,6 +7,7 @@ mod analyze;
 mod args;
 mod calibrate;
 mod charts;
+mod internal;
 mod model;
 mod npz;
 mod plot;
@@ -78,6 +79,11 @@ Examples:
 /// Inputs may be a bare HloModuleProto (JAX, the PJRT transform hook), an
 /// HloProto (`--xla_dump_hlo_as_proto`) or an HloModuleProtoWithConfig,
 /// optionally gzip-compressed; the format is detected. `-` reads stdin.
+///
+/// Exit status: 0 done; 1 an error in the input, the options or the
+/// environment (the message says which; no output file is left half
+/// written); 2 a command line it refuses; 70 an internal error, a bug in
+/// equarx (please report it with the command line and the input).
 #[derive(Parser)]
 // The version is the library's (core/Cargo.toml), the one the wheel, the C
 // ABI and the Python door report.
@@ -117,14 +123,15 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return refuse_arguments(e),
     };
-    let result = match cli.command {
+    internal::install_hook();
+    let result = internal::contain(|| match cli.command {
         Command::Rewrite(a) => rewrite::run(a),
         Command::Print(a) => print::run(a),
         Command::Analyze(a) => analyze::run(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Model(a) => model::run(a),
         Command::Calibrate(a) => calibrate::run(a),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader went away (`| head`): nothing left to say to it.
@@ -132,7 +139,11 @@ fn main() -> ExitCode {
         Err(e) => {
             let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
             eprintln!("equarx: error: {}", chain.join(": "));
-            ExitCode::FAILURE
+            if e.is::<internal::InternalError>() {
+                ExitCode::from(internal::EXIT_STATUS)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ use equarx::io::{self, Format};
 use equarx::passes::{DumpStage, Pipeline};
 
 use crate::args::{InputArgs, PassArgs, choice};
+use crate::internal::InternalError;
 use crate::{say, say_raw, tables};
 
 #[derive(Args)]
@@ -102,8 +103,16 @@ fn rewrite_file(
         }));
     }
     let counts = loaded.counts;
-    let result = equarx::rewrite_with(loaded.module.clone(), counts, options, &mut pipeline)
-        .with_context(|| name)?;
+    let result = crate::internal::contain(|| {
+        crate::internal::test_trigger();
+        Ok(equarx::rewrite_with(
+            loaded.module.clone(),
+            counts,
+            options,
+            &mut pipeline,
+        )?)
+    })
+    .with_context(|| name)?;
     let (ext_format, gzip) = io::format_from_extension(output);
     let format = a.format.or(ext_format);
     let gzip = gzip || (format.is_none() && loaded.gzip);
@@ -140,6 +149,8 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
         .collect();
     files.sort();
     let (mut rewritten, mut skipped, mut failed) = (0usize, 0usize, Vec::new());
+    // The modules that hit a bug in equarx rather than an error of theirs.
+    let mut bugs: Vec<String> = Vec::new();
     let mut reports = serde_json::Map::new();
     for file in &files {
         let name = file
@@ -174,6 +185,9 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
             Err(e) => {
                 let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
                 say!("{name}: error: {}", chain.join(": "));
+                if e.is::<InternalError>() {
+                    bugs.push(name.clone());
+                }
                 failed.push(name);
             }
         }
@@ -189,12 +203,17 @@ fn rewrite_dir(a: &RewriteArgs, options: &RewriteOptions) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if !failed.is_empty() {
-        bail!(
+        let summary = format!(
             "{} of {} modules failed: {}",
             failed.len(),
             rewritten + failed.len(),
             failed.join(", ")
         );
+        if !bugs.is_empty() {
+            let bug = InternalError(format!("in {}", bugs.join(", ")));
+            return Err(anyhow::Error::new(bug).context(summary));
+        }
+        bail!(summary);
     }
     Ok(())
 }

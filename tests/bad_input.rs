@@ -161,3 +161,72 @@ fn bad_options_are_refused_before_reading() {
         assert!(stderr.contains("error"), "{args:?}: {stderr}");
     }
 }
+
+/// A bug in equarx (a panic; `EQUARX_TEST_INTERNAL_ERROR` makes one where
+/// no input can) is said to be one: an `internal error` line that points
+/// at equarx, not at the input, exit status 70, no Rust panic text, and no
+/// output file. A directory rewrite names the module and goes on.
+#[test]
+fn an_internal_error_is_reported_as_a_bug_not_a_panic() {
+    let dir = scratch("internal_error");
+    let input = fixtures_dir().join("psum_bf16_p8.pb");
+    let out = dir.join("out.pb");
+    let o = equarx()
+        .args(["rewrite", "--min-payload", "0"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .env("EQUARX_TEST_INTERNAL_ERROR", "1")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(70), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "want one line, got {stderr}");
+    assert!(
+        lines[0].starts_with("equarx: error: ")
+            && lines[0].contains("psum_bf16_p8.pb")
+            && lines[0].contains("internal error: EQUARX_TEST_INTERNAL_ERROR is set at src/")
+            && lines[0].contains("a bug in equarx"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!out.exists(), "an output file was written");
+
+    // A directory: every module is tried, each failure named, exit 70.
+    let inputs = dir.join("in");
+    std::fs::create_dir_all(&inputs).unwrap();
+    for name in ["a.pb", "b.pb"] {
+        std::fs::copy(&input, inputs.join(name)).unwrap();
+    }
+    let outputs = dir.join("out");
+    let o = equarx()
+        .args(["rewrite", "--min-payload", "0"])
+        .arg(&inputs)
+        .arg("-o")
+        .arg(&outputs)
+        .env("EQUARX_TEST_INTERNAL_ERROR", "1")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(70),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    for name in ["a.pb", "b.pb"] {
+        assert!(
+            stdout.contains(&format!("{name}: error: ")) && !outputs.join(name).exists(),
+            "{name}: {stdout}"
+        );
+    }
+    assert!(
+        stderr.contains("2 of 2 modules failed")
+            && stderr.contains("internal error: in a.pb, b.pb"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
