@@ -887,4 +887,30 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
         "{op}"
     );
     assert!(!text.contains("tpu_custom_call"), "{text}");
+    // An all-gather has no algorithm: a forced ring, which keeps the
+    // all-reduces from the kernels, leaves it its kernels.
+    std::fs::write(
+        &input,
+        "HloModule m, num_partitions=4\n\nENTRY main {\n  \
+         p = bf16[256,1024] parameter(0)\n  ROOT g = bf16[1024,1024] all-gather(p), \
+         channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, \
+         use_global_device_ids=true\n}\n",
+    )
+    .unwrap();
+    for algorithm in ["two-shot", "ring"] {
+        let extra = [
+            "--platform",
+            "tpu",
+            "--algorithm",
+            algorithm,
+            "--min-payload",
+            "0",
+        ];
+        let (_, op, text) = rewrite("mosaic", &extra);
+        assert_eq!(
+            op["plan"]["config"]["kernels"], "mosaic",
+            "{algorithm}: {op}"
+        );
+        assert!(text.contains("tpu_custom_call"), "{algorithm}: {text}");
+    }
 }

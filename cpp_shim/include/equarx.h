@@ -88,7 +88,8 @@
  *       XLA:TPU mosaic where the kernels take the op and the time model
  *       predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU
  *       and XLA:GPU. An op mosaic cannot take keeps hlo, and the report says
- *       why.
+ *       why; a forced ring or two-level keeps the all-reduces and
+ *       reduce-scatters in hlo, not the all-gathers, which have no algorithm.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per

@@ -387,7 +387,9 @@ pub static OPTIONS: &[OptionSpec] = &[
                or auto (the \
                default): on XLA:TPU mosaic where the kernels take the op and the time model \
                predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU and \
-               XLA:GPU. An op mosaic cannot take keeps hlo, and the report says why.",
+               XLA:GPU. An op mosaic cannot take keeps hlo, and the report says why; a forced \
+               ring or two-level keeps the all-reduces and reduce-scatters in hlo, not the \
+               all-gathers, which have no algorithm.",
         why: "libtpu makes 7 (at its hook) to 14 kernels an op of the HLO form; as one \
               Mosaic kernel a step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB \
               psum in 2.6x the original's time instead of 15.2x, a TP MLP in 1.19x instead \

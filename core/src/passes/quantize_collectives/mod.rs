@@ -92,9 +92,11 @@ fn charged_at(topology: &Topology, stage: Stage) -> Topology {
 
 /// The options under which the time model charges equarx's own Mosaic
 /// kernels (`emit/mosaic.rs`) on XLA:TPU: `options` (as [`charged_at`]
-/// left them) with two-shot forced, the one algorithm of the all-reduces
-/// and reduce-scatters the kernels write (an all-gather has none to force),
-/// the kernels' counts
+/// left them) with two-shot, the one algorithm of the all-reduces and
+/// reduce-scatters the kernels write, where the options leave the
+/// algorithm to the pass (a forced one stays: it keeps those ops' plans
+/// from the kernels, not an all-gather's, which has none), the kernels'
+/// counts
 /// ([`MOSAIC_KERNELS`]) and the codes in unpadded rows of 128 lanes. An
 /// error says why the kernels are not in play: not XLA:TPU, `kernels=hlo`,
 /// or options that rule out the plan they take.
@@ -111,7 +113,7 @@ fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, Stri
     // The kernels' codes are rows of 128 lanes, two blocks each.
     topology.wire_row_bytes = 0;
     Ok(Options {
-        algorithm: Some(Algorithm::TwoShot),
+        algorithm: Some(options.algorithm.unwrap_or(Algorithm::TwoShot)),
         topology: Some(topology),
         ..options.clone()
     })

@@ -59,13 +59,12 @@ const SLAB_LANES: i64 = 128;
 /// row of whole [`GROUP_COLS`] groups may be any width.
 const MAX_COLS: i64 = 4096;
 
-/// Whether `options` leave the kernels their plan: a two-shot (or the
-/// algorithm left to the pass) of int8 codes, B = 64, bf16 scales, gathered
-/// by one all-gather; or why not.
+/// Whether `options` leave the kernels their plans: int8 codes, B = 64,
+/// bf16 scales, gathered by one all-gather; or why not. A forced algorithm
+/// other than two-shot rules out only the all-reduces and reduce-scatters
+/// (their plan then is not the kernels', [`takes_plan`]); an all-gather
+/// has no algorithm and keeps the kernels.
 pub(in crate::passes::quantize_collectives) fn takes_options(o: &Options) -> Result<(), String> {
-    if o.algorithm.is_some_and(|a| a != Algorithm::TwoShot) {
-        return Err("only a two-shot all-reduce over one axis has them".into());
-    }
     takes_knobs(o.quant_format, o.scale_type, o.block_size, o.gather)
 }
 
