@@ -7,8 +7,10 @@ devices is compiled and run without equarx, then with
 ``equarx.jax.enable(...)``. Checks: the compiled HLO holds s8
 collectives, the result matches the unquantized run, all devices
 hold the same bits, errors in the pass come back as Python exceptions with
-equarx's message, ``disable()`` restores the plain compile, and a scan over
-MLP layers whose activations pass 1e19 keeps every device's bits equal.
+equarx's message, ``disable()`` restores the plain compile, a scan over
+MLP layers whose activations pass 1e19 keeps every device's bits equal,
+and the hook's integer product rotates back the same bits as the door
+before XLA's f32 one.
 
 Prints one line ``JAX_DOOR_RESULT <json>``; the Rust test asserts on it.
 """
@@ -328,7 +330,46 @@ def main():
     # 9. Calibration: a profile measured on the program's own inputs.
     result["calibration"] = calibration(mesh, (params, x))
 
+    # 10. The hook's integer product is the HLO emission's f32 one, bit
+    # for bit.
+    result["hook_product"] = hook_product(mesh)
+
     print("JAX_DOOR_RESULT " + json.dumps(result), flush=True)
+
+
+def hook_product(mesh):
+    """At XLA:CPU's hook the rotated plans rotate int8 codes back by an
+    s8 product that XLA:CPU's YNNPACK runs, summed in s32; the door before
+    XLA emits the f32 product the filetests hold to the simulator. Both
+    sums are exact, so the psums must agree bit for bit, per plan, on
+    heavy-tailed inputs with outlier channels, a NaN and an Inf."""
+    spec = P("tp")
+    rng = np.random.default_rng(10)
+    host = rng.standard_t(3, (8 * 64, 640)).astype(np.float32)
+    host[:, ::64] *= 100.0
+    host[3, 5], host[200, 7] = np.nan, np.inf
+    x = jax.device_put(jnp.asarray(host, jnp.bfloat16), NamedSharding(mesh, spec))
+
+    def f(v):
+        return jax.shard_map(lambda t: jax.lax.psum(t, "tp"), mesh=mesh, in_specs=spec,
+                             out_specs=spec)(v)
+
+    out = {}
+    for algorithm in ("two-shot", "ring"):
+        opts = {"algorithm": algorithm, "rotation": "hadamard", "min_payload": 0,
+                "types": ("bf16", "f32")}
+        jax.clear_caches()
+        with ej.enable(platforms=("cpu",), **opts):
+            hook = jax.jit(f).lower(x).compile()
+        before = ej.rewrite_lowered(jax.jit(f).lower(x), platform="cpu", **opts).compile()
+        a, b = np.asarray(hook(x)), np.asarray(before(x))
+        out[algorithm] = {
+            "ynn_products": hook.as_text().count("__ynn_fusion"),
+            "differing_bits": int((a.view(np.uint16) != b.view(np.uint16)).sum()),
+            "elements": int(a.size),
+            "nan": int(np.isnan(a.astype(np.float32)).sum()),
+        }
+    return out
 
 
 def huge_activations(mesh):

@@ -172,6 +172,18 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         last = err;
     }
 
+    // The hook's s8 product (XLA:CPU's YNNPACK) against the door before
+    // XLA's f32 one: every rotated plan the same bits, NaN blocks
+    // included.
+    for (algorithm, h) in r["hook_product"].as_object().expect("hook_product") {
+        assert!(h["ynn_products"].as_u64() >= Some(1), "{algorithm}: {h}");
+        assert_eq!(h["differing_bits"], 0, "{algorithm}: {h}");
+        assert!(
+            h["nan"].as_u64() >= Some(64),
+            "{algorithm}: the NaN's block: {h}"
+        );
+    }
+
     // Calibration: the SP MLP's two collectives measured, its profile
     // steering the rewrite; the GSPMD block's all-reduces (inserted by
     // XLA) left unmeasured with the reason, and that profile not applied

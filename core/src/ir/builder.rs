@@ -593,6 +593,33 @@ impl<'m> Builder<'m> {
         self.add(i, &[lhs, rhs])
     }
 
+    /// s8 `lhs [rows, k]` times s8 `rhs [k, n]`, summed in s32, as
+    /// XLA:CPU holds an integer matrix product past its fusion: a `kCustom`
+    /// fusion of one `dot` that its YNNPACK library runs
+    /// (`"fusion_config":{"kind":"__ynn_fusion"}`, the form XLA:CPU's own
+    /// pipeline gives such a dot; a bare s8 `dot` there is Eigen's, 20
+    /// times slower). Integer sums are exact in any order, so the
+    /// library's kernels give the same bits on every host.
+    pub fn ynn_product(&mut self, lhs: &Value, rhs: &Value) -> Value {
+        let out = shape::array(PrimitiveType::S32, &[lhs.dims()[0], rhs.dims()[1]]);
+        let (ls, rs) = (lhs.shape.clone(), rhs.shape.clone());
+        let o2 = out.clone();
+        let comp = self.computation("equarx_product", &[ls, rs], move |b, p| {
+            let mut i = Self::op_with_shape(Opcode::Dot, o2);
+            i.dot_dimension_numbers = Some(Box::new(DotDimensionNumbers {
+                lhs_contracting_dimensions: vec![1],
+                rhs_contracting_dimensions: vec![0],
+                ..Default::default()
+            }));
+            b.add(i, &[&p[0], &p[1]])
+        });
+        let mut f = Self::op_with_shape(Opcode::Fusion, out);
+        f.fusion_kind = "kCustom".into();
+        f.called_computation_ids = vec![comp.0];
+        f.backend_config = br#"{"fusion_config":{"kind":"__ynn_fusion"}}"#.to_vec();
+        self.add(f, &[lhs, rhs])
+    }
+
     /// `lhs [rows, k]` times `rhs [k, n]` as XLA:TPU holds a matrix
     /// product past its fusion: a `kOutput` fusion of one `convolution`
     /// (`dim_labels=bf_io->bf`, no window). libtpu's own pipeline turns

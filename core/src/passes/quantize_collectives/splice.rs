@@ -93,7 +93,9 @@ pub fn splice(
     edits: &mut Edits,
 ) -> Result<Spliced, PassError> {
     let Site {
-        stage, before_xla, ..
+        stage,
+        platform,
+        before_xla,
     } = site;
     let comp = module
         .computation(c.comp)
@@ -143,7 +145,9 @@ pub fn splice(
         or_s32: reducers.or_s32,
         async_permutes: c.done.is_some(),
         stage,
+        platform,
         before_xla,
+        scheduled: module.schedule().is_some_and(|s| !s.is_empty()),
         dimension: c.dimension,
     };
     let metadata = metadata_for(&instr);

@@ -115,6 +115,7 @@ impl Emitter<'_, '_, '_> {
             codes,
             scales: scale,
             bits,
+            rows: None,
         }
     }
 
@@ -203,6 +204,7 @@ impl Emitter<'_, '_, '_> {
                 codes: codes.clone(),
                 scales: self.scale_of_bits(bits),
                 bits: Some(bits.clone()),
+                rows: None,
             };
         }
         let wire = &wire[0];
@@ -244,6 +246,7 @@ impl Emitter<'_, '_, '_> {
             codes,
             scales,
             bits: None,
+            rows: Some(wire.clone()),
         }
     }
 
@@ -398,13 +401,13 @@ impl Emitter<'_, '_, '_> {
     /// Messages of rotated blocks → the values rotated back:
     /// `(H·q)·(scale/√B)`; the integer sums `H·q` are exact in f32, and in
     /// s32, where int8 codes go into the product as they are
-    /// ([`Self::rotates_narrow`]; their widening is then of the sums, in
+    /// ([`Self::sums_codes_narrow`]; their widening is then of the sums, in
     /// the dequantize's fusion, and the norm a multiply by a power of two,
     /// exact).
     pub(super) fn dequantize_rotated(&mut self, message: &Message) -> Value {
         let format = self.plan().config.format;
         let integer_codes = float_type(format).is_none() && !format.packs_two_per_byte();
-        let narrow = self.rotates_narrow() && integer_codes;
+        let narrow = self.sums_codes_narrow() && integer_codes;
         let codes = if narrow {
             message.codes.clone()
         } else {
@@ -414,10 +417,27 @@ impl Emitter<'_, '_, '_> {
         let lead = dims[..dims.len() - 1].to_vec();
         let bl = self.plan().block();
         let ty = PrimitiveType::try_from(codes.element_type()).unwrap_or(PrimitiveType::F32);
-        let h = self.hadamard(ty);
         // The product over the blocks as rows of a matrix: XLA:GPU's dot
-        // emitter takes one non-contracting dimension a side.
-        let rows = self.blocks(&codes);
+        // emitter takes one non-contracting dimension a side. Past
+        // XLA:CPU's fusion the product reads the message's rows whole, the
+        // scale's bytes against zero rows of the matrix (exact in s32),
+        // where slicing the codes out was a copy of its own.
+        let row_bytes = bl as i64 + self.plan().scale_type().bytes() as i64;
+        let whole = message.rows.as_ref().filter(|wire| {
+            narrow
+                && !self.rotates_narrow()
+                && dims.last() == Some(&(bl as i64))
+                && wire.dims().last() == Some(&row_bytes)
+        });
+        let (rows, h) = match whole {
+            Some(wire) => {
+                let width = *wire.dims().last().unwrap_or(&0);
+                let n = shape::element_count(&wire.shape).unwrap_or(0) as i64;
+                let rows = self.b.reshape(wire, &[n / width, width]);
+                (rows, self.hadamard_over(width))
+            }
+            None => (self.blocks(&codes), self.hadamard(ty)),
+        };
         let turned = self.product(&rows, &h, Precision::Default);
         let mut turned = self.b.reshape(&turned, &dims);
         if narrow {

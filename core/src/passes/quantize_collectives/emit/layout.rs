@@ -6,7 +6,7 @@ use super::{Const, Emitter, operands_are_bf16};
 use crate::ir::builder::Value;
 use crate::ir::shape;
 use crate::numerics::{hadamard_norm, hadamard_sign};
-use crate::passes::Stage;
+use crate::passes::{Platform, Stage};
 use crate::plan::{Axis, Collective, Rotation};
 use crate::proto::precision_config::Precision;
 use crate::proto::{PrimitiveType, ShapeProto};
@@ -128,12 +128,36 @@ impl Emitter<'_, '_, '_> {
         self.b.tiled_for_tpu()
     }
 
-    /// `rows [m, B]` times the B×B `h`: a `dot`, or past XLA:TPU's fusion
-    /// ([`Stage::Tiled`]) the fused convolution libtpu makes of one.
+    /// Whether int8 codes go into the inverse rotation's product as they
+    /// are, summed in s32 (exact, as in f32): where the product takes
+    /// bf16 narrow ([`Self::rotates_narrow`]), and at XLA:CPU's
+    /// pre-scheduler hook ([`Self::ynn_products`]), where the f32 widening
+    /// of the codes was a pass of its own over 4 bytes an element.
+    pub(super) fn sums_codes_narrow(&self) -> bool {
+        self.rotates_narrow() || self.ynn_products()
+    }
+
+    /// Whether an integer product is XLA:CPU's YNNPACK fusion
+    /// ([`crate::ir::builder::Builder::ynn_product`]): past XLA:CPU's
+    /// fusion in a module not yet scheduled (its pre-scheduler hook, where
+    /// nothing fuses the module again), not in a scheduled dump, which a
+    /// new compile fuses again through StableHLO (which drops the fusion's
+    /// backend config: "Fusion must have backend config").
+    fn ynn_products(&self) -> bool {
+        self.inputs.stage == Stage::Fused
+            && self.inputs.platform == Platform::Cpu
+            && !self.inputs.scheduled
+    }
+
+    /// `rows [m, B]` times the B×B `h`: a `dot`; past XLA:TPU's fusion
+    /// ([`Stage::Tiled`]) the fused convolution libtpu makes of one; past
+    /// XLA:CPU's, an s8 product as the YNNPACK fusion XLA:CPU makes of one.
     pub(super) fn product(&mut self, rows: &Value, h: &Value, precision: Precision) -> Value {
+        let s8 = rows.element_type() == PrimitiveType::S8 as i32;
         match self.inputs.stage {
             Stage::Tiled => self.b.fused_product(rows, h, precision),
-            Stage::PreFusion | Stage::Fused => self.b.dot(rows, h, 1, 0, precision),
+            _ if s8 && self.ynn_products() => self.b.ynn_product(rows, h),
+            _ => self.b.dot(rows, h, 1, 0, precision),
         }
     }
 
@@ -145,6 +169,23 @@ impl Emitter<'_, '_, '_> {
     /// rotation then needs no multiply of its own, forward or back.
     pub(super) fn norm_folded(&self) -> bool {
         crate::numerics::norm_folds(self.plan().block())
+    }
+
+    /// The s8 Hadamard signs over `rows` ≥ B rows, `[rows, B]`: H_B's
+    /// ±1 with zero rows after it, so that a product over a message's
+    /// whole rows (codes, then the scale's bytes) sums the codes alone.
+    pub(super) fn hadamard_over(&mut self, rows: i64) -> Value {
+        let bl = self.plan().block();
+        if rows == bl as i64 {
+            return self.hadamard(PrimitiveType::S8);
+        }
+        let entries: Vec<i8> = (0..rows as usize * bl)
+            .map(|i| {
+                let (r, c) = (i / bl, i % bl);
+                if r < bl { hadamard_sign(r, c) as i8 } else { 0 }
+            })
+            .collect();
+        self.b.s8_array(&entries, &[rows, bl as i64])
     }
 
     /// The B×B Sylvester Hadamard matrix as `ty`, emitted once per

@@ -52,7 +52,7 @@ use super::groups::Participants;
 use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, InstrId};
-use crate::passes::Stage;
+use crate::passes::{Platform, Stage};
 use crate::plan::{Axis, Collective, Kernels, Phase, Plan, QuantFormat};
 use crate::proto::{LayoutProto, PrimitiveType, ShapeProto, TileProto};
 
@@ -76,6 +76,14 @@ pub struct EmitInputs<'a> {
     /// decompose what the pass emits any more, so collectives take the
     /// forms its runtime runs directly.
     pub stage: Stage,
+    /// The compiler the module is for.
+    pub platform: Platform,
+    /// The module carries XLA's schedule: a dump after XLA's whole
+    /// pipeline, which goes back through XLA's fusion if it is compiled
+    /// again (through StableHLO, which drops a custom fusion's backend
+    /// config), where a module at a pre-scheduler hook goes on to the
+    /// scheduler and code generation as it is.
+    pub scheduled: bool,
     /// The caller said the module is before XLA's pipeline (`stage:
     /// pre-fusion` given, not detected): XLA's copy insertion runs after
     /// the pass, so it emits no `copy`.
@@ -182,6 +190,9 @@ struct Message {
     /// The scales as they travel apart from the codes
     /// ([`Emitter::wire`], [`Wire::Split`]), where they were made first.
     bits: Option<Value>,
+    /// The message's rows as they arrived in one array, codes first and
+    /// the scale's bytes after them, where `codes` is a slice of them.
+    rows: Option<Value>,
 }
 
 /// A scalar constant, by type and bits.
