@@ -171,15 +171,19 @@ fn an_internal_error_is_reported_as_a_bug_not_a_panic() {
     let dir = scratch("internal_error");
     let input = fixtures_dir().join("psum_bf16_p8.pb");
     let out = dir.join("out.pb");
-    let o = equarx()
-        .args(["rewrite", "--min-payload", "0"])
-        .arg(&input)
-        .arg("-o")
-        .arg(&out)
-        .env("EQUARX_TEST_INTERNAL_ERROR", "1")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
+    // `equarx rewrite FROM -o TO` with the bug switched on.
+    let buggy = |from: &Path, to: &Path| {
+        equarx()
+            .args(["rewrite", "--min-payload", "0"])
+            .arg(from)
+            .arg("-o")
+            .arg(to)
+            .env("EQUARX_TEST_INTERNAL_ERROR", "1")
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap()
+    };
+    let o = buggy(&input, &out);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(70), "stderr: {stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
@@ -201,15 +205,7 @@ fn an_internal_error_is_reported_as_a_bug_not_a_panic() {
         std::fs::copy(&input, inputs.join(name)).unwrap();
     }
     let outputs = dir.join("out");
-    let o = equarx()
-        .args(["rewrite", "--min-payload", "0"])
-        .arg(&inputs)
-        .arg("-o")
-        .arg(&outputs)
-        .env("EQUARX_TEST_INTERNAL_ERROR", "1")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
+    let o = buggy(&inputs, &outputs);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
