@@ -42,12 +42,7 @@ static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
 pub fn install_hook() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
-        let payload = info.payload();
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic with a non-string payload".into());
+        let message = equarx::ffi::panic_message(info.payload());
         let at = info
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))

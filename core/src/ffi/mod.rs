@@ -110,15 +110,17 @@ pub fn profile_json(measurements: &str) -> Result<String, DoorError> {
 pub fn guarded<T>(f: impl FnOnce() -> Result<T, DoorError>) -> Result<T, DoorError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(payload) => {
-            let msg = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic with a non-string payload".into());
-            Err(DoorError::Internal(msg))
-        }
+        Err(payload) => Err(DoorError::Internal(panic_message(payload.as_ref()))),
     }
+}
+
+/// What a panic said: its `&str` or `String` payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic with a non-string payload".into())
 }
 
 /// The library version, as `equarx_version()` returns it.
