@@ -425,16 +425,15 @@ impl Emitter<'_, '_, '_> {
         let row_bytes = bl as i64 + self.plan().scale_type().bytes() as i64;
         let whole = message.rows.as_ref().filter(|wire| {
             narrow
-                && !self.rotates_narrow()
+                && self.ynn_products()
                 && dims.last() == Some(&(bl as i64))
                 && wire.dims().last() == Some(&row_bytes)
         });
         let (rows, h) = match whole {
             Some(wire) => {
-                let width = *wire.dims().last().unwrap_or(&0);
                 let n = shape::element_count(&wire.shape).unwrap_or(0) as i64;
-                let rows = self.b.reshape(wire, &[n / width, width]);
-                (rows, self.hadamard_over(width))
+                let rows = self.b.reshape(wire, &[n / row_bytes, row_bytes]);
+                (rows, self.hadamard_over(row_bytes))
             }
             None => (self.blocks(&codes), self.hadamard(ty)),
         };

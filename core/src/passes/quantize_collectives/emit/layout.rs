@@ -143,7 +143,7 @@ impl Emitter<'_, '_, '_> {
     /// nothing fuses the module again), not in a scheduled dump, which a
     /// new compile fuses again through StableHLO (which drops the fusion's
     /// backend config: "Fusion must have backend config").
-    fn ynn_products(&self) -> bool {
+    pub(super) fn ynn_products(&self) -> bool {
         self.inputs.stage == Stage::Fused
             && self.inputs.platform == Platform::Cpu
             && !self.inputs.scheduled
@@ -179,13 +179,8 @@ impl Emitter<'_, '_, '_> {
         if rows == bl as i64 {
             return self.hadamard(PrimitiveType::S8);
         }
-        let entries: Vec<i8> = (0..rows as usize * bl)
-            .map(|i| {
-                let (r, c) = (i / bl, i % bl);
-                if r < bl { hadamard_sign(r, c) as i8 } else { 0 }
-            })
-            .collect();
-        self.b.s8_array(&entries, &[rows, bl as i64])
+        self.b
+            .s8_array(&s8_signs(bl, rows as usize), &[rows, bl as i64])
     }
 
     /// The B×B Sylvester Hadamard matrix as `ty`, emitted once per
@@ -211,10 +206,7 @@ impl Emitter<'_, '_, '_> {
             1.0
         };
         let h = match ty {
-            PrimitiveType::S8 => {
-                let entries: Vec<i8> = signs.iter().map(|&s| s as i8).collect();
-                self.b.s8_array(&entries, &dims)
-            }
+            PrimitiveType::S8 => self.b.s8_array(&s8_signs(bl, bl), &dims),
             PrimitiveType::Bf16 => {
                 let entries: Vec<f32> = signs.iter().map(|&s| s * norm).collect();
                 self.b.bf16_array(&entries, &dims)
@@ -474,4 +466,14 @@ impl Emitter<'_, '_, '_> {
             self.b.convert_to(&v, result)
         }
     }
+}
+
+/// H_B's ±1 as s8, `[rows, B]` row-major, zero rows after the first B.
+fn s8_signs(bl: usize, rows: usize) -> Vec<i8> {
+    (0..rows * bl)
+        .map(|i| match i / bl {
+            r if r < bl => hadamard_sign(r, i % bl) as i8,
+            _ => 0,
+        })
+        .collect()
 }
