@@ -115,7 +115,13 @@ def calibration(mesh, tp_block_args):
     """equarx.jax.calibrate on the sequence-parallel MLP (shard_map: both
     collectives measured) and on the GSPMD block (XLA inserts its
     all-reduces: unmeasured, with the reason); the profile then steers the
-    rewrite, and a profile of another program is not applied."""
+    rewrite, and a profile of another program is not applied. The profile
+    file lives in a temporary folder, removed after."""
+    with tempfile.TemporaryDirectory(prefix="equarx-calibrate-") as folder:
+        return calibrate_into(mesh, tp_block_args, os.path.join(folder, "sp.profile.json"))
+
+
+def calibrate_into(mesh, tp_block_args, path):
     from jax import shard_map
 
     rng = np.random.default_rng(3)
@@ -129,7 +135,6 @@ def calibration(mesh, tp_block_args):
     w2 = put((1024, 256), 1024 ** -0.5, P("tp", None))
     f = shard_map(sp_mlp, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
                   out_specs=P("tp", None))
-    path = os.path.join(tempfile.mkdtemp(prefix="equarx-calibrate-"), "sp.profile.json")
     ej.enable(platforms=("cpu",), types=("bf16", "f32"), min_payload=0)
     profile = ej.calibrate(f, x, w1, w2, path=path, types=("bf16", "f32"))
     still_enabled = ej.enabled() is not None
