@@ -10,7 +10,10 @@
 //!   pre-scheduler hook (`equarx_pjrt_register` on the plugin's own
 //!   `GetPjrtApi()`), the test's options configured: the default kernels
 //!   (on XLA:TPU equarx's own Mosaic kernels where they take an op), and
-//!   `::hlo` with `kernels=hlo` on the case's first TPU topology. The compile must
+//!   `::hlo` with `kernels=hlo` on the case's first TPU topology. Each test
+//!   compiles on the case's first TPU generation and the GPU, and on one of
+//!   the other TPU generations of its size, which take turns
+//!   (`EQUARX_COMPILERS_EVERY_GENERATION=1`: on all of them). The compile must
 //!   succeed (a process abort is reported as such, with the compiler's last
 //!   words). A case that expects a rewrite must be rewritten there and its
 //!   compiled module must carry quantized codes on the wire; a negative twin
@@ -132,10 +135,21 @@ enum Want {
     AsPlain(String),
 }
 
+/// Whether every test of a case compiles on every TPU generation of its
+/// size (`EQUARX_COMPILERS_EVERY_GENERATION=1`: a longer run, recorded in
+/// BENCHMARKS.md). By default the generations past a case's first take
+/// turns: each test compiles on two TPU generations and the GPU, each
+/// generation meets about as many tests, in half the compile time.
+fn every_generation() -> bool {
+    std::env::var_os("EQUARX_COMPILERS_EVERY_GENERATION").is_some_and(|v| v == "1")
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
     let mut batches: HashMap<String, Vec<Job>> = HashMap::new();
+    let every = every_generation();
+    let mut turn = 0usize;
     let cases = common::repo().join("tests/cases");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&cases)
         .expect("tests/cases")
@@ -203,42 +217,59 @@ fn main() {
         // The defaults' kernels (on XLA:TPU equarx's own Mosaic kernels
         // where they take an op, past libtpu's layout assignment; the HLO
         // emission elsewhere), and on the case's first TPU topology with
-        // `kernels=hlo` too: never an abort either way.
+        // `kernels=hlo` too: never an abort either way. The first TPU
+        // generation and the GPU take every test; the other TPU
+        // generations take turns (`every_generation`).
         let first_tpu = topologies.iter().find(|t| !t.starts_with("h100")).cloned();
-        let runs = topologies
+        let others: Vec<String> = topologies
             .iter()
-            .map(|t| (t.clone(), false))
-            .chain(first_tpu.map(|t| (t, true)));
-        for (topology, hlo) in runs {
-            for (t, options) in &tests {
-                let kernels = if hlo { "::hlo" } else { "" };
-                let test = match &t.variant {
-                    Some(v) => format!("{name}::{v}{kernels}@{topology}"),
-                    None => format!("{name}{kernels}@{topology}"),
-                };
-                let mut options = options.clone();
-                if hlo {
-                    options.insert("kernels".into(), json!("hlo"));
+            .filter(|t| !t.starts_with("h100") && Some(*t) != first_tpu.as_ref())
+            .cloned()
+            .collect();
+        let mut runs: Vec<(String, bool, usize)> = Vec::new();
+        for k in 0..tests.len() {
+            let other = (!others.is_empty()).then(|| {
+                turn += 1;
+                &others[(turn - 1) % others.len()]
+            });
+            for topology in &topologies {
+                if every || !others.contains(topology) || other == Some(topology) {
+                    runs.push((topology.clone(), false, k));
                 }
-                let expect = match &t.expect {
-                    Expect::Plan(_) => Want::Rewritten,
-                    Expect::Unchanged(reason) => Want::Unchanged {
-                        reasons: vec![reason.clone()],
-                        opcodes: collective_kinds(&text),
-                    },
-                };
-                batches.entry(topology.clone()).or_default().push(Job {
-                    name: test,
-                    spec: json!({
-                        "module": path,
-                        "replicas": replicas,
-                        "partitions": partitions,
-                        "door": "hook",
-                        "options": options,
-                    }),
-                    expect,
-                });
             }
+            if let Some(t) = &first_tpu {
+                runs.push((t.clone(), true, k));
+            }
+        }
+        for (topology, hlo, k) in runs {
+            let (t, options) = &tests[k];
+            let kernels = if hlo { "::hlo" } else { "" };
+            let test = match &t.variant {
+                Some(v) => format!("{name}::{v}{kernels}@{topology}"),
+                None => format!("{name}{kernels}@{topology}"),
+            };
+            let mut options = options.clone();
+            if hlo {
+                options.insert("kernels".into(), json!("hlo"));
+            }
+            let expect = match &t.expect {
+                Expect::Plan(_) => Want::Rewritten,
+                Expect::Unchanged(reason) => Want::Unchanged {
+                    reasons: vec![reason.clone()],
+                    opcodes: collective_kinds(&text),
+                },
+            };
+            batches.entry(topology.clone()).or_default().push(Job {
+                name: test,
+                spec: json!({
+                    "module": path,
+                    "replicas": replicas,
+                    "partitions": partitions,
+                    "door": "hook",
+                    "options": options,
+                }),
+                expect,
+            });
         }
     }
     for topology in ["v5e:2x2", "h100x4"] {
