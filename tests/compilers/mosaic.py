@@ -107,26 +107,42 @@ def _reduce(op, x, acc):
     return combine(fn(x, axis=dims), acc)
 
 
-def _body(func, args, env_in=None):
-    """Runs a `func.func`'s body on `args`; returns what it returns."""
-    env = dict(env_in or {})
+def _program(func):
+    """A `func.func`'s body as steps to run many times: (OPS entry, op,
+    result type, operand slots, result slot), its argument count, its slot
+    count and its return's slots. Walking MLIR's Python bindings costs a
+    failed Python import per op, so each function is walked once, not once
+    per grid step."""
     block = func.regions[0].blocks[0]
-    for value, arg in zip(block.arguments, args):
-        env[value] = arg
+    slots = {}
+    for value in block.arguments:
+        slots[value] = len(slots)
+    steps = []
     for op in block.operations:
         op = op.operation
         name = op.name.removeprefix("stable_mosaic.")
-        ins = [env[v] for v in op.operands]
-        results = list(op.results)
-        rtype = results[0].type if results else None
+        ins = [slots[v] for v in op.operands]
         if name == "func.return":
-            return ins
+            return steps, len(block.arguments), len(slots), ins
         if name not in OPS:
             raise NotImplementedError("Mosaic op %s is not one this interpreter knows" % name)
-        out = OPS[name](op, ins, rtype)
+        results = list(op.results)
+        out = None
         if results:
-            env[results[0]] = out
+            out = slots[results[0]] = len(slots)
+        steps.append((OPS[name], op, results[0].type if results else None, ins, out))
     raise ValueError("a function without a return")
+
+
+def _body(program, args):
+    """Runs a `_program` on `args`; returns what it returns."""
+    steps, arity, size, returned = program
+    env = list(args) + [None] * (size - arity)
+    for fn, op, rtype, ins, out in steps:
+        value = fn(op, [env[k] for k in ins], rtype)
+        if out is not None:
+            env[out] = value
+    return [env[k] for k in returned]
 
 
 def _load(op, ins, rtype):
@@ -259,7 +275,8 @@ def run(body, inputs, outputs):
             param = ir.DictAttr(param)
             window = _ints(param["window_bounds"])
             transform = str(param["transform_indices"]).lstrip("@")
-            windows.append((window, funcs[transform]))
+            windows.append((window, _program(funcs[transform])))
+        kernel_program = _program(kernel)
         for step in np.ndindex(*bounds):
             grid = [np.asarray(i, np.int32) for i in step]
             views = []
@@ -267,7 +284,7 @@ def run(body, inputs, outputs):
                 blocks = [int(b) for b in _body(transform, grid)]
                 index = tuple(slice(b * w, (b + 1) * w) for b, w in zip(blocks, window))
                 views.append((array, index, array[index].copy()))
-            _body(kernel, grid + [v for _, _, v in views])
+            _body(kernel_program, grid + [v for _, _, v in views])
             for array, index, view in views[len(inputs):]:
                 array[index] = view
     return outputs
