@@ -226,50 +226,45 @@ fn main() {
             .filter(|t| !t.starts_with("h100") && Some(*t) != first_tpu.as_ref())
             .cloned()
             .collect();
-        let mut runs: Vec<(String, bool, usize)> = Vec::new();
-        for k in 0..tests.len() {
+        for (t, options) in &tests {
             let other = (!others.is_empty()).then(|| {
                 turn += 1;
                 &others[(turn - 1) % others.len()]
             });
-            for topology in &topologies {
-                if every || !others.contains(topology) || other == Some(topology) {
-                    runs.push((topology.clone(), false, k));
+            let runs = topologies
+                .iter()
+                .filter(|t| every || !others.contains(t) || other == Some(*t))
+                .map(|t| (t, false))
+                .chain(first_tpu.iter().map(|t| (t, true)));
+            for (topology, hlo) in runs {
+                let kernels = if hlo { "::hlo" } else { "" };
+                let test = match &t.variant {
+                    Some(v) => format!("{name}::{v}{kernels}@{topology}"),
+                    None => format!("{name}{kernels}@{topology}"),
+                };
+                let mut options = options.clone();
+                if hlo {
+                    options.insert("kernels".into(), json!("hlo"));
                 }
+                let expect = match &t.expect {
+                    Expect::Plan(_) => Want::Rewritten,
+                    Expect::Unchanged(reason) => Want::Unchanged {
+                        reasons: vec![reason.clone()],
+                        opcodes: collective_kinds(&text),
+                    },
+                };
+                batches.entry(topology.clone()).or_default().push(Job {
+                    name: test,
+                    spec: json!({
+                        "module": path,
+                        "replicas": replicas,
+                        "partitions": partitions,
+                        "door": "hook",
+                        "options": options,
+                    }),
+                    expect,
+                });
             }
-            if let Some(t) = &first_tpu {
-                runs.push((t.clone(), true, k));
-            }
-        }
-        for (topology, hlo, k) in runs {
-            let (t, options) = &tests[k];
-            let kernels = if hlo { "::hlo" } else { "" };
-            let test = match &t.variant {
-                Some(v) => format!("{name}::{v}{kernels}@{topology}"),
-                None => format!("{name}{kernels}@{topology}"),
-            };
-            let mut options = options.clone();
-            if hlo {
-                options.insert("kernels".into(), json!("hlo"));
-            }
-            let expect = match &t.expect {
-                Expect::Plan(_) => Want::Rewritten,
-                Expect::Unchanged(reason) => Want::Unchanged {
-                    reasons: vec![reason.clone()],
-                    opcodes: collective_kinds(&text),
-                },
-            };
-            batches.entry(topology.clone()).or_default().push(Job {
-                name: test,
-                spec: json!({
-                    "module": path,
-                    "replicas": replicas,
-                    "partitions": partitions,
-                    "door": "hook",
-                    "options": options,
-                }),
-                expect,
-            });
         }
     }
     for topology in ["v5e:2x2", "h100x4"] {
