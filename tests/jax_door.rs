@@ -175,7 +175,13 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
     // The hook's s8 product (XLA:CPU's YNNPACK) against the door before
     // XLA's f32 one: every rotated plan the same bits, NaN blocks
     // included.
-    for (algorithm, h) in r["hook_product"].as_object().expect("hook_product") {
+    let plans = r["hook_product"].as_object().expect("hook_product");
+    assert_eq!(
+        plans.keys().collect::<Vec<_>>(),
+        ["ring", "two-shot"],
+        "both rotated plans compared"
+    );
+    for (algorithm, h) in plans {
         assert!(h["ynn_products"].as_u64() >= Some(1), "{algorithm}: {h}");
         assert_eq!(h["differing_bits"], 0, "{algorithm}: {h}");
         assert!(
