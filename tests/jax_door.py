@@ -343,14 +343,19 @@ def main():
 
 
 def hook_product(mesh):
-    """At XLA:CPU's hook the rotated plans rotate int8 codes back by an
-    s8 product that XLA:CPU's YNNPACK runs, summed in s32; the door before
-    XLA emits the f32 product the filetests hold to the simulator. Both
-    sums are exact, so the psums must agree bit for bit, per plan, on
-    heavy-tailed inputs with outlier channels, a NaN and an Inf."""
+    """At XLA:CPU's hook the rotated plans' products are XLA:CPU's
+    YNNPACK fusions: forward, the bf16 values widened inside it; back, the
+    int8 codes summed in s32. The sum comes out narrowed by equarx's last
+    fusion (XLA's own narrowing folded in), and equarx's fusions run as
+    tasks as XLA's do. The door before XLA emits the f32 products the
+    filetests hold to the simulator. The psums must agree bit for bit,
+    per plan, on heavy-tailed inputs with outlier channels, a NaN and an
+    Inf."""
     spec = P("tp")
     rng = np.random.default_rng(10)
-    host = rng.standard_t(3, (8 * 64, 640)).astype(np.float32)
+    # 512 rows a device: enough bytes that XLA:CPU splits its own widening
+    # into tasks, which equarx's fusions then match.
+    host = rng.standard_t(3, (8 * 512, 640)).astype(np.float32)
     host[:, ::64] *= 100.0
     host[3, 5], host[200, 7] = np.nan, np.inf
     x = jax.device_put(jnp.asarray(host, jnp.bfloat16), NamedSharding(mesh, spec))
@@ -368,8 +373,15 @@ def hook_product(mesh):
             hook = jax.jit(f).lower(x).compile()
         before = ej.rewrite_lowered(jax.jit(f).lower(x), platform="cpu", **opts).compile()
         a, b = np.asarray(hook(x)), np.asarray(before(x))
+        text = hook.as_text()
+        entry = text[text.index("\nENTRY"):]
         out[algorithm] = {
-            "ynn_products": hook.as_text().count("__ynn_fusion"),
+            "ynn_products": text.count("__ynn_fusion"),
+            # XLA's own narrowing of the promoted f32 sum, folded into
+            # equarx's last fusion: no f32 array of the result's size left.
+            "f32_results": entry.count("f32[512,640]"),
+            "tasks": sum(1 for line in text.splitlines()
+                         if "equarx_fusion" in line and "outer_dimension_partitions" in line),
             "differing_bits": int((a.view(np.uint16) != b.view(np.uint16)).sum()),
             "elements": int(a.size),
             "nan": int(np.isnan(a.astype(np.float32)).sum()),

@@ -182,7 +182,16 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
         "both rotated plans compared"
     );
     for (algorithm, h) in plans {
-        assert!(h["ynn_products"].as_u64() >= Some(1), "{algorithm}: {h}");
+        // Both products, forward and back.
+        assert!(h["ynn_products"].as_u64() >= Some(2), "{algorithm}: {h}");
+        assert_eq!(
+            h["f32_results"], 0,
+            "{algorithm}: the narrowing folded: {h}"
+        );
+        assert!(
+            h["tasks"].as_u64() >= Some(1),
+            "{algorithm}: equarx's fusions split into tasks as XLA's: {h}"
+        );
         assert_eq!(h["differing_bits"], 0, "{algorithm}: {h}");
         assert!(
             h["nan"].as_u64() >= Some(64),

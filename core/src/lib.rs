@@ -139,6 +139,10 @@ pub fn rewrite_with(
         fuse: options.pass.fuse,
         stage,
         platform,
+        tasks: match (platform, stage) {
+            (Platform::Cpu, Stage::Fused) => passes::outline_fusions::module_tasks(&m),
+            _ => 1,
+        },
     };
     for name in &options.disabled_passes {
         pipeline.disable(name);

@@ -593,15 +593,26 @@ impl<'m> Builder<'m> {
         self.add(i, &[lhs, rhs])
     }
 
-    /// s8 `lhs [rows, k]` times s8 `rhs [k, n]`, summed in s32, as
-    /// XLA:CPU holds an integer matrix product past its fusion: a `kCustom`
-    /// fusion of one `dot` that its YNNPACK library runs
-    /// (`"fusion_config":{"kind":"__ynn_fusion"}`, the form XLA:CPU's own
-    /// pipeline gives such a dot; a bare s8 `dot` there is Eigen's, 20
-    /// times slower). Integer sums are exact in any order, so the
-    /// library's kernels give the same bits on every host.
+    /// `lhs [rows, k]` times `rhs [k, n]` as XLA:CPU holds a matrix
+    /// product past its fusion: a `kCustom` fusion that its YNNPACK library
+    /// runs (`"fusion_config":{"kind":"__ynn_fusion"}`, the form XLA:CPU's
+    /// own pipeline gives a dot; a bare s8 `dot` there is Eigen's, 20 times
+    /// slower). s8 operands sum in s32, exact in any order, so the
+    /// library's kernels give the same bits on every host. An f32 `rhs`
+    /// takes `lhs` of a narrower type through a `convert` inside the
+    /// fusion, which YNNPACK applies as it reads `lhs`; the product is its
+    /// f32 one (the sums in index order at k = 64, as XLA:CPU's own f32
+    /// products and the simulator: `tests/jax_door.rs` holds it to the
+    /// door before XLA's product bit for bit).
     pub fn ynn_product(&mut self, lhs: &Value, rhs: &Value) -> Value {
-        let out = shape::array(PrimitiveType::S32, &[lhs.dims()[0], rhs.dims()[1]]);
+        let compute = PrimitiveType::try_from(rhs.element_type()).unwrap_or(PrimitiveType::F32);
+        let widen = rhs.element_type() != lhs.element_type();
+        let ty = if compute == PrimitiveType::S8 {
+            PrimitiveType::S32
+        } else {
+            PrimitiveType::F32
+        };
+        let out = shape::array(ty, &[lhs.dims()[0], rhs.dims()[1]]);
         let (ls, rs) = (lhs.shape.clone(), rhs.shape.clone());
         let o2 = out.clone();
         let comp = self.computation("equarx_product", &[ls, rs], move |b, p| {
@@ -611,7 +622,12 @@ impl<'m> Builder<'m> {
                 rhs_contracting_dimensions: vec![0],
                 ..Default::default()
             }));
-            b.add(i, &[&p[0], &p[1]])
+            let l = if widen {
+                b.convert(&p[0], compute)
+            } else {
+                p[0].clone()
+            };
+            b.add(i, &[&l, &p[1]])
         });
         let mut f = Self::op_with_shape(Opcode::Fusion, out);
         f.fusion_kind = "kCustom".into();

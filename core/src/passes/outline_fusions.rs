@@ -56,7 +56,7 @@ use super::{Pass, PassError, Platform, Stage};
 use crate::ir::opcode::{Class, Opcode};
 use crate::ir::{CompId, Edits, InstrId, Module, shape};
 use crate::options::FuseMode;
-use crate::proto::{HloComputationProto, HloInstructionProto, ProgramShapeProto};
+use crate::proto::{HloComputationProto, HloInstructionProto, ProgramShapeProto, ShapeProto};
 
 /// The pass: outlines equarx's emitted chains when `fuse` says so (`auto`:
 /// in a fused module).
@@ -66,6 +66,13 @@ pub struct OutlineFusions {
     /// The compiler that gets the module: XLA:CPU's loop emitter computes
     /// a fused operand of a broadcast again for every element it spreads to.
     pub platform: Platform,
+    /// How many tasks a loop fusion may run as: XLA:CPU runs one as several
+    /// where its backend config says so, and gave its own theirs before
+    /// its pre-scheduler hook; equarx's get theirs by the same rule, or
+    /// each would run on one thread while XLA's beside it use them all.
+    /// [`module_tasks`] of the module as it came, for XLA:CPU past its
+    /// fusion; 1 elsewhere.
+    pub tasks: i64,
 }
 
 impl Pass for OutlineFusions {
@@ -80,6 +87,7 @@ impl Pass for OutlineFusions {
             (FuseMode::Auto, Stage::Tiled) => Rules::Tiled,
         };
         let before = module.computations().len();
+        let tasks = self.tasks;
         let comps: Vec<CompId> = module
             .computations()
             .iter()
@@ -97,7 +105,7 @@ impl Pass for OutlineFusions {
                         .collect()
                 });
             if !emitted.is_empty() {
-                changed |= fuse_emitted(module, comp, &emitted, rules, self.platform)?;
+                changed |= fuse_emitted(module, comp, &emitted, rules, self.platform, tasks)?;
             }
         }
         Ok(changed || module.computations().len() != before)
@@ -386,6 +394,7 @@ fn fuse_emitted(
     emitted: &HashSet<i64>,
     rules: Rules,
     platform: Platform,
+    tasks: i64,
 ) -> Result<bool, PassError> {
     let Some(c) = module.computation(comp) else {
         return Ok(false);
@@ -406,6 +415,19 @@ fn fuse_emitted(
     }
     if rules == Rules::Tiled {
         outlined = merge_siblings(c, outlined, &by_id, &copied)?;
+    }
+    if tasks > 1 {
+        for o in outlined.iter_mut().filter(|o| o.roots.len() == 1) {
+            let read: u64 = o
+                .params
+                .iter()
+                .filter_map(|p| by_id.get(p)?.shape.as_ref())
+                .filter_map(shape::byte_size)
+                .sum();
+            if let Some(result) = by_id[&o.roots[0]].shape.as_ref() {
+                o.partitions = partitions_for(result, read, tasks);
+            }
+        }
     }
     let changed = !outlined.is_empty() || !bitcasts.is_empty();
     if let Some(c) = module.computation_mut(comp) {
@@ -640,6 +662,7 @@ fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline
             members,
             params,
             body,
+            partitions,
         } = o;
         let result = body.program_shape.as_ref().and_then(|p| p.result.clone());
         let fused = module.add_computation(body, true, Some(comp));
@@ -667,6 +690,7 @@ fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline
         // and every operand it reads precedes the root already.
         *root = HloInstructionProto {
             id: root.id,
+            backend_config: backend_config(&partitions),
             name,
             opcode: Opcode::Fusion.as_str().into(),
             shape: root.shape.take(),
@@ -816,6 +840,9 @@ struct Outline {
     members: Vec<i64>,
     params: Vec<i64>,
     body: HloComputationProto,
+    /// How many parts XLA:CPU splits each outer dimension of the result
+    /// into, major first, each part a task of its own (none: one task).
+    partitions: Vec<i64>,
 }
 
 fn outline(
@@ -942,5 +969,135 @@ fn outline(
             instructions: body,
             ..Default::default()
         },
+        partitions: Vec::new(),
     })
+}
+
+/// XLA:CPU's backend config for a loop fusion run as `partitions` tasks
+/// (its `outer_dimension_partitions`); empty for one task.
+fn backend_config(partitions: &[i64]) -> Vec<u8> {
+    if partitions.is_empty() {
+        return Vec::new();
+    }
+    let parts: Vec<String> = partitions.iter().map(|p| format!("\"{p}\"")).collect();
+    format!("{{\"outer_dimension_partitions\":[{}]}}", parts.join(",")).into_bytes()
+}
+
+/// The most tasks XLA:CPU splits any one of the module's own instructions
+/// into (the product of its `outer_dimension_partitions`): its parallel
+/// task assignment runs before the pre-scheduler hook and sizes them by
+/// its intra-op threads, so this is how many the module may use. 1 where
+/// it split none.
+pub fn module_tasks(module: &Module) -> i64 {
+    #[derive(serde::Deserialize)]
+    struct Config {
+        #[serde(default)]
+        outer_dimension_partitions: Vec<String>,
+    }
+    module
+        .computations()
+        .iter()
+        .flat_map(|c| c.instructions())
+        .filter(|i| !i.backend_config.is_empty() && !emitted_by_equarx(i))
+        .filter_map(|i| serde_json::from_slice::<Config>(&i.backend_config).ok())
+        .map(|c| {
+            c.outer_dimension_partitions
+                .iter()
+                .filter_map(|p| p.parse::<i64>().ok())
+                .product::<i64>()
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The bytes XLA:CPU gives one task of a loop fusion that reads and
+/// writes little per byte (its parallel task assignment's "L2 cache
+/// size").
+const BYTES_PER_TASK: u64 = 256 << 10;
+
+/// How XLA:CPU's parallel task assignment would split a loop fusion that
+/// reads `read` bytes into `result` (row-major): one task per
+/// [`BYTES_PER_TASK`] of bytes accessed, at most `tasks`, spread over the
+/// outer dimensions major first. Empty for one task.
+fn partitions_for(result: &ShapeProto, read: u64, tasks: i64) -> Vec<i64> {
+    let accessed = read + shape::byte_size(result).unwrap_or(0);
+    let row_major = result.layout.as_ref().is_none_or(|l| {
+        l.minor_to_major
+            .iter()
+            .copied()
+            .eq((0..result.dimensions.len() as i64).rev())
+    });
+    let mut left = tasks.min((accessed / BYTES_PER_TASK) as i64);
+    if left <= 1 || !row_major || !shape::is_array(result) {
+        return Vec::new();
+    }
+    let mut parts = Vec::new();
+    for &d in &result.dimensions {
+        let take = d.min(left).max(1);
+        parts.push(take);
+        left = (left + take - 1) / take;
+        if left <= 1 {
+            break;
+        }
+    }
+    if parts.iter().product::<i64>() <= 1 {
+        return Vec::new();
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::PrimitiveType;
+
+    #[test]
+    fn a_fusion_is_split_as_xla_cpu_splits_one() {
+        let f32_array = |dims: &[i64]| shape::array(PrimitiveType::F32, dims);
+        // 4 MiB read, 4 MiB written: 32 tasks' worth, at most 2.
+        let big = f32_array(&[1024, 1024]);
+        assert_eq!(partitions_for(&big, 4 << 20, 2), vec![2]);
+        assert_eq!(partitions_for(&big, 4 << 20, 8), vec![8]);
+        // A major dimension of 1 takes one part; the next one the rest.
+        assert_eq!(
+            partitions_for(&f32_array(&[1, 5120, 64]), 1 << 20, 2),
+            vec![1, 2]
+        );
+        // More tasks than the major dimension: the next one splits too.
+        assert_eq!(
+            partitions_for(&f32_array(&[2, 4096, 64]), 8 << 20, 8),
+            vec![2, 4]
+        );
+        // Under two tasks' bytes, or one task allowed: not split.
+        assert!(partitions_for(&f32_array(&[64, 64]), 16 << 10, 8).is_empty());
+        assert!(partitions_for(&big, 4 << 20, 1).is_empty());
+        // Not row-major: its outer dimensions are not its first ones.
+        let mut column_major = big.clone();
+        column_major.layout = Some(Box::new(crate::proto::LayoutProto {
+            minor_to_major: vec![0, 1],
+            ..Default::default()
+        }));
+        assert!(partitions_for(&column_major, 4 << 20, 2).is_empty());
+        assert_eq!(
+            String::from_utf8(backend_config(&[1, 2])).unwrap(),
+            r#"{"outer_dimension_partitions":["1","2"]}"#
+        );
+        assert!(backend_config(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_module_says_how_many_tasks_xla_cpu_uses() {
+        let module = |config: &str| {
+            let text = format!(
+                "HloModule m\n\nENTRY e {{\n  p = bf16[512,640] parameter(0)\n  \
+                 ROOT c = f32[512,640] convert(p), backend_config={config}\n}}\n"
+            );
+            Module::from_proto(crate::text::parse(&text).unwrap().proto)
+        };
+        let tasks = |config: &str| module_tasks(&module(config));
+        assert_eq!(tasks(r#"{"outer_dimension_partitions":["2","3"]}"#), 6);
+        assert_eq!(tasks(r#"{"outer_dimension_partitions":[]}"#), 1);
+        assert_eq!(tasks(r#"{"fusion_config":{"kind":"__ynn_fusion"}}"#), 1);
+    }
 }

@@ -268,16 +268,27 @@ impl Pass for QuantizeCollectives {
                 .filter(|i| Opcode::of(i).and_then(eligibility::rewritable).is_some())
                 .map(|i| (i.clone(), keys.key(module, comp, i)))
                 .collect();
-            let mut edits = Edits::default();
+            let mut changes = Changes::default();
             for (instr, key) in collectives {
                 let entry =
-                    self.decide(module, comp_id, &instr, &key, &mut reducers, &mut edits)?;
+                    self.decide(module, comp_id, &instr, &key, &mut reducers, &mut changes)?;
                 self.report.push(entry);
             }
-            module.apply(comp_id, edits);
+            module.apply(comp_id, changes.edits);
+            for dead in changes.dead {
+                module.remove_computation(dead);
+            }
         }
         Ok(self.report.iter().any(|r| r.rewritten))
     }
+}
+
+/// What the rewrites of one computation change: its instructions, and the
+/// computations nothing calls once those edits are applied.
+#[derive(Default)]
+struct Changes {
+    edits: Edits,
+    dead: Vec<CompId>,
 }
 
 /// The smallest block XLA:TPU takes past its tiling assignment, measured
@@ -300,7 +311,7 @@ impl QuantizeCollectives {
         instr: &HloInstructionProto,
         key: &OpKey,
         reducers: &mut Option<Reducers>,
-        edits: &mut Edits,
+        changes: &mut Changes,
     ) -> Result<OpReport, PassError> {
         let comp = module
             .computation(comp_id)
@@ -351,7 +362,15 @@ impl QuantizeCollectives {
                     platform: self.platform,
                     before_xla: self.options.stage == Some(Stage::PreFusion),
                 };
-                let spliced = splice(module, &candidate, &plan, site, reducers, edits)?;
+                let spliced = splice(
+                    module,
+                    &candidate,
+                    &plan,
+                    site,
+                    reducers,
+                    &mut changes.edits,
+                )?;
+                changes.dead.extend(spliced.dead);
                 entry.rewritten(&candidate, &plan, &spliced.emitted, data);
                 if let Some(why) = note {
                     let said = entry

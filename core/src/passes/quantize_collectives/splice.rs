@@ -70,6 +70,9 @@ fn metadata_for(instr: &HloInstructionProto) -> OpMetadata {
 pub struct Spliced {
     pub emitted: EmittedCounts,
     pub computations: Vec<CompId>,
+    /// The computation of a narrowing the rewrite took in (XLA's wrapped
+    /// convert), called by nothing once the edits are applied.
+    pub dead: Option<CompId>,
 }
 
 /// Where a rewrite lands: the module's stage, the compiler it is for, and
@@ -131,7 +134,20 @@ pub fn splice(
         .map(|o| narrow_source(module, comp, o.id, c.instr).unwrap_or_else(|| value(o)))
         .collect();
 
-    let results: Vec<ShapeProto> = shapes_of(c, &element_shapes, true);
+    // The other half of XLA:CPU's promotion: the f32 result read only by
+    // its narrowing back to the type the operand was read in. The emission
+    // then ends in that type itself: the same values (its own f32 sum,
+    // rounded once), where XLA's convert was a pass of its own over the
+    // f32 result.
+    let narrowed = match packed.as_slice() {
+        [read] if !tuple => narrowing_reader(module, comp, target)
+            .filter(|n| n.shape.element_type == read.element_type()),
+        _ => None,
+    };
+    let mut results: Vec<ShapeProto> = shapes_of(c, &element_shapes, true);
+    if let (Some(n), [r]) = (&narrowed, results.as_mut_slice()) {
+        *r = n.shape.clone();
+    }
     let laid_out: Vec<ShapeProto> = results
         .iter()
         .map(|r| relaid(stage, r).unwrap_or_else(|| r.clone()))
@@ -227,7 +243,15 @@ pub fn splice(
 
     edits.insert_before.insert(c.instr, instrs);
     if let Some(whole) = whole {
-        edits.replace.insert(target, whole.id);
+        match &narrowed {
+            Some(n) => {
+                edits.replace.insert(n.id, whole.id);
+                edits.remove.insert(n.id);
+            }
+            None => {
+                edits.replace.insert(target, whole.id);
+            }
+        }
     }
     for (g, index) in readers.elements {
         let part = usize::try_from(index).ok().and_then(|i| parts.get(i));
@@ -240,7 +264,89 @@ pub fn splice(
     Ok(Spliced {
         emitted,
         computations,
+        dead: narrowed.and_then(|n| n.wrapped),
     })
+}
+
+/// The one reader of a collective's result that narrows it: a convert
+/// from f32 to bf16 / f16 of the same dimensions, or XLA's wrapped form.
+struct Narrowing {
+    id: InstrId,
+    shape: ShapeProto,
+    wrapped: Option<CompId>,
+}
+
+/// `target`'s [`Narrowing`], where it is `target`'s only reader, nothing
+/// is ordered after `target` or the narrowing, and the narrowing's
+/// computation (if wrapped) is called by it alone.
+fn narrowing_reader(module: &Module, comp: &Computation, target: InstrId) -> Option<Narrowing> {
+    let [reader] = comp.users_of(target)[..] else {
+        return None;
+    };
+    let source = comp.get(target)?;
+    let narrow = |t: i32| t == PrimitiveType::Bf16 as i32 || t == PrimitiveType::F16 as i32;
+    let shape = reader.shape.clone()?;
+    let narrows = source.shape.as_ref().is_some_and(|s| {
+        s.element_type == PrimitiveType::F32 as i32 && s.dimensions == shape.dimensions
+    }) && narrow(shape.element_type);
+    let ordered = |id: i64| {
+        comp.instructions()
+            .iter()
+            .any(|i| i.control_predecessor_ids.contains(&id))
+    };
+    if !narrows
+        || comp.root_id() == target
+        || ordered(target.0)
+        || ordered(reader.id)
+        || !reader.control_predecessor_ids.is_empty()
+    {
+        return None;
+    }
+    let wrapped = conversion(module, reader)?;
+    if let Some(called) = wrapped
+        && callers(module, called) != 1
+    {
+        return None;
+    }
+    Some(Narrowing {
+        id: InstrId(reader.id),
+        shape,
+        wrapped,
+    })
+}
+
+/// How many instructions of `module` call computation `called`.
+fn callers(module: &Module, called: CompId) -> usize {
+    module
+        .computations()
+        .iter()
+        .flat_map(|c| c.instructions())
+        .filter(|i| i.called_computation_ids.contains(&called.0))
+        .count()
+}
+
+/// Whether `convert` is one element-type conversion of its one operand:
+/// `Some(None)` for a `convert`, `Some(Some(c))` for a kLoop fusion of one
+/// convert of its parameter (XLA's wrapped form, computation `c`), `None`
+/// otherwise.
+fn conversion(module: &Module, convert: &HloInstructionProto) -> Option<Option<CompId>> {
+    if convert.operand_ids.len() != 1 {
+        return None;
+    }
+    match Opcode::of(convert)? {
+        Opcode::Convert => Some(None),
+        Opcode::Fusion if convert.fusion_kind == "kLoop" => {
+            let called = CompId(*convert.called_computation_ids.first()?);
+            let body = module.computation(called)?;
+            let root = body.get(body.root_id())?;
+            let param = body.get(InstrId(*root.operand_ids.first()?))?;
+            let only_convert = body.instructions().len() == 2
+                && Opcode::of(root) == Some(Opcode::Convert)
+                && Opcode::of(param) == Some(Opcode::Parameter);
+            only_convert.then_some(Some(called))
+        }
+        _ => None,
+    }
 }
 
 /// Past XLA:TPU's layout assignment an operand or result may order its
@@ -444,16 +550,10 @@ pub fn narrow_source(
         return None;
     }
     // The wrapped computation must be this fusion's alone.
-    if let Some(called) = wrapped {
-        let callers = module
-            .computations()
-            .iter()
-            .flat_map(|c| c.instructions())
-            .filter(|i| i.called_computation_ids.contains(&called.0))
-            .count();
-        if callers != 1 {
-            return None;
-        }
+    if let Some(called) = wrapped
+        && callers(module, called) != 1
+    {
+        return None;
     }
     Some(Value {
         id: InstrId(source.id),
@@ -479,20 +579,7 @@ pub fn widening(
     if !widens {
         return None;
     }
-    match Opcode::of(convert)? {
-        Opcode::Convert => Some(None),
-        Opcode::Fusion if convert.fusion_kind == "kLoop" => {
-            let called = CompId(*convert.called_computation_ids.first()?);
-            let body = module.computation(called)?;
-            let root = body.get(body.root_id())?;
-            let param = body.get(InstrId(*root.operand_ids.first()?))?;
-            let only_convert = body.instructions().len() == 2
-                && Opcode::of(root) == Some(Opcode::Convert)
-                && Opcode::of(param) == Some(Opcode::Parameter);
-            only_convert.then_some(Some(called))
-        }
-        _ => None,
-    }
+    conversion(module, convert)
 }
 
 /// Whether an emitted instruction sends data (an async pair counts once).

@@ -87,7 +87,12 @@ impl Emitter<'_, '_, '_> {
     /// `x` is f32, or bf16 where [`Self::rotates_narrow`].
     pub(super) fn rotate(&mut self, x: &Value, bf16_valued: bool) -> Value {
         let blocks = self.blocks(x);
-        let ty = PrimitiveType::try_from(x.element_type()).unwrap_or(PrimitiveType::F32);
+        // Past XLA:CPU's fusion the product widens bf16 values itself.
+        let ty = match PrimitiveType::try_from(x.element_type()) {
+            Ok(PrimitiveType::Bf16) if self.ynn_products() => PrimitiveType::F32,
+            Ok(ty) => ty,
+            Err(_) => PrimitiveType::F32,
+        };
         let h = self.hadamard(ty);
         let precision = if bf16_valued {
             Precision::Default
@@ -109,10 +114,14 @@ impl Emitter<'_, '_, '_> {
     /// What the rotation reads of bf16 operands: past XLA:TPU's fusion
     /// ([`Self::rotates_narrow`]) the bf16 values themselves, which the
     /// product takes as they are, where their widening was a kernel of its
-    /// own and the relayout into blocks moved twice the bytes; elsewhere
-    /// their f32 widening.
+    /// own and the relayout into blocks moved twice the bytes; past
+    /// XLA:CPU's ([`Self::ynn_products`]) the bf16 values too, which its
+    /// YNNPACK fusion widens as it reads them (the widening was a pass of
+    /// its own over 6 bytes an element); elsewhere their f32 widening.
     pub(super) fn rotation_input(&mut self, x: &Value) -> Value {
-        if self.rotates_narrow() && x.element_type() == PrimitiveType::Bf16 as i32 {
+        if (self.rotates_narrow() || self.ynn_products())
+            && x.element_type() == PrimitiveType::Bf16 as i32
+        {
             x.clone()
         } else {
             self.f32(x)
@@ -137,7 +146,7 @@ impl Emitter<'_, '_, '_> {
         self.rotates_narrow() || self.ynn_products()
     }
 
-    /// Whether an integer product is XLA:CPU's YNNPACK fusion
+    /// Whether a product is XLA:CPU's YNNPACK fusion
     /// ([`crate::ir::builder::Builder::ynn_product`]): past XLA:CPU's
     /// fusion in a module not yet scheduled (its pre-scheduler hook, where
     /// nothing fuses the module again), not in a scheduled dump, which a
@@ -151,12 +160,12 @@ impl Emitter<'_, '_, '_> {
 
     /// `rows [m, B]` times the B×B `h`: a `dot`; past XLA:TPU's fusion
     /// ([`Stage::Tiled`]) the fused convolution libtpu makes of one; past
-    /// XLA:CPU's, an s8 product as the YNNPACK fusion XLA:CPU makes of one.
+    /// XLA:CPU's, the YNNPACK fusion XLA:CPU makes of one, `rows` widened
+    /// to `h`'s type inside it (bf16 values to f32: no widened copy).
     pub(super) fn product(&mut self, rows: &Value, h: &Value, precision: Precision) -> Value {
-        let s8 = rows.element_type() == PrimitiveType::S8 as i32;
         match self.inputs.stage {
             Stage::Tiled => self.b.fused_product(rows, h, precision),
-            _ if s8 && self.ynn_products() => self.b.ynn_product(rows, h),
+            _ if self.ynn_products() => self.b.ynn_product(rows, h),
             _ => self.b.dot(rows, h, 1, 0, precision),
         }
     }
@@ -211,9 +220,9 @@ impl Emitter<'_, '_, '_> {
                 let entries: Vec<f32> = signs.iter().map(|&s| s * norm).collect();
                 self.b.bf16_array(&entries, &dims)
             }
-            _ if self.inputs.stage == Stage::Tiled => {
-                // Past libtpu's constant folding the widening would be a
-                // kernel every op runs: the f32 matrix itself instead.
+            _ if self.inputs.stage != Stage::PreFusion => {
+                // Past the compiler's constant folding the widening would
+                // be a kernel every op runs: the f32 matrix itself instead.
                 let entries: Vec<f32> = signs.iter().map(|&s| s * norm).collect();
                 self.b.f32_array(&entries, &dims)
             }
@@ -460,6 +469,13 @@ impl Emitter<'_, '_, '_> {
             // lanes, and a convert of that would touch more than the
             // result).
             let v = self.b.convert(&v, ty);
+            self.b.reshape_to(&v, result)
+        } else if self.inputs.stage == Stage::Fused {
+            // Narrowed first past XLA's fusion too: the convert joins the
+            // fusion that made the values, and the reshape after it stays
+            // a bitcast outside (`outline-fusions`), where inside it the
+            // loop emitter would compute every element's index through it.
+            let v = self.b.convert(v, ty);
             self.b.reshape_to(&v, result)
         } else {
             let v = self.b.reshape(v, &result.dimensions);
