@@ -603,7 +603,9 @@ impl<'m> Builder<'m> {
     /// fusion, which YNNPACK applies as it reads `lhs`; the product is its
     /// f32 one (the sums in index order at k = 64, as XLA:CPU's own f32
     /// products and the simulator: `tests/jax_door.rs` holds it to the
-    /// door before XLA's product bit for bit).
+    /// door before XLA's product bit for bit). `lhs` may have more columns
+    /// than `rhs` has rows: its first `k` are the operand, sliced inside
+    /// the fusion, which YNNPACK reads in place.
     pub fn ynn_product(&mut self, lhs: &Value, rhs: &Value) -> Value {
         let compute = PrimitiveType::try_from(rhs.element_type()).unwrap_or(PrimitiveType::F32);
         let widen = rhs.element_type() != lhs.element_type();
@@ -614,6 +616,7 @@ impl<'m> Builder<'m> {
         };
         let out = shape::array(ty, &[lhs.dims()[0], rhs.dims()[1]]);
         let (ls, rs) = (lhs.shape.clone(), rhs.shape.clone());
+        let k = rhs.dims()[0];
         let o2 = out.clone();
         let comp = self.computation("equarx_product", &[ls, rs], move |b, p| {
             let mut i = Self::op_with_shape(Opcode::Dot, o2);
@@ -622,11 +625,15 @@ impl<'m> Builder<'m> {
                 rhs_contracting_dimensions: vec![0],
                 ..Default::default()
             }));
-            let l = if widen {
+            let mut l = if widen {
                 b.convert(&p[0], compute)
             } else {
                 p[0].clone()
             };
+            if l.dims()[1] != k {
+                let rows = l.dims()[0];
+                l = b.slice(&l, &[0, 0], &[rows, k]);
+            }
             b.add(i, &[&l, &p[1]])
         });
         let mut f = Self::op_with_shape(Opcode::Fusion, out);

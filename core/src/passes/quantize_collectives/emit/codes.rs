@@ -419,9 +419,12 @@ impl Emitter<'_, '_, '_> {
         let ty = PrimitiveType::try_from(codes.element_type()).unwrap_or(PrimitiveType::F32);
         // The product over the blocks as rows of a matrix: XLA:GPU's dot
         // emitter takes one non-contracting dimension a side. Past
-        // XLA:CPU's fusion the product reads the message's rows whole, the
-        // scale's bytes against zero rows of the matrix (exact in s32),
-        // where slicing the codes out was a copy of its own.
+        // XLA:CPU's fusion the product reads the message's rows whole and
+        // takes their codes inside its YNNPACK fusion (a slice there is
+        // read in place), where slicing the codes out was a copy of its
+        // own, and a product over the whole row, the scale's bytes against
+        // zero rows of the matrix, ran YNNPACK's int8 kernels over 66
+        // columns instead of 64.
         let row_bytes = bl as i64 + self.plan().scale_type().bytes() as i64;
         let whole = message.rows.as_ref().filter(|wire| {
             narrow
@@ -433,7 +436,7 @@ impl Emitter<'_, '_, '_> {
             Some(wire) => {
                 let n = shape::element_count(&wire.shape).unwrap_or(0) as i64;
                 let rows = self.b.reshape(wire, &[n / row_bytes, row_bytes]);
-                (rows, self.hadamard_over(row_bytes))
+                (rows, self.hadamard(PrimitiveType::S8))
             }
             None => (self.blocks(&codes), self.hadamard(ty)),
         };

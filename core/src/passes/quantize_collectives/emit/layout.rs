@@ -180,18 +180,6 @@ impl Emitter<'_, '_, '_> {
         crate::numerics::norm_folds(self.plan().block())
     }
 
-    /// The s8 Hadamard signs over `rows` ≥ B rows, `[rows, B]`: H_B's
-    /// ±1 with zero rows after it, so that a product over a message's
-    /// whole rows (codes, then the scale's bytes) sums the codes alone.
-    pub(super) fn hadamard_over(&mut self, rows: i64) -> Value {
-        let bl = self.plan().block();
-        if rows == bl as i64 {
-            return self.hadamard(PrimitiveType::S8);
-        }
-        self.b
-            .s8_array(&s8_signs(bl, rows as usize), &[rows, bl as i64])
-    }
-
     /// The B×B Sylvester Hadamard matrix as `ty`, emitted once per
     /// computation and type: it is symmetric, so the inverse rotation reads
     /// it too. f32 and bf16: ±1, or `±1/√B` when [`Self::norm_folded`]
@@ -215,7 +203,7 @@ impl Emitter<'_, '_, '_> {
             1.0
         };
         let h = match ty {
-            PrimitiveType::S8 => self.b.s8_array(&s8_signs(bl, bl), &dims),
+            PrimitiveType::S8 => self.b.s8_array(&s8_signs(bl), &dims),
             PrimitiveType::Bf16 => {
                 let entries: Vec<f32> = signs.iter().map(|&s| s * norm).collect();
                 self.b.bf16_array(&entries, &dims)
@@ -484,12 +472,9 @@ impl Emitter<'_, '_, '_> {
     }
 }
 
-/// H_B's ±1 as s8, `[rows, B]` row-major, zero rows after the first B.
-fn s8_signs(bl: usize, rows: usize) -> Vec<i8> {
-    (0..rows * bl)
-        .map(|i| match i / bl {
-            r if r < bl => hadamard_sign(r, i % bl) as i8,
-            _ => 0,
-        })
+/// H_B's ±1 as s8, `[B, B]` row-major.
+fn s8_signs(bl: usize) -> Vec<i8> {
+    (0..bl * bl)
+        .map(|i| hadamard_sign(i / bl, i % bl) as i8)
         .collect()
 }
