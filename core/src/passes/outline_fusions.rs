@@ -87,7 +87,6 @@ impl Pass for OutlineFusions {
             (FuseMode::Auto, Stage::Tiled) => Rules::Tiled,
         };
         let before = module.computations().len();
-        let tasks = self.tasks;
         let comps: Vec<CompId> = module
             .computations()
             .iter()
@@ -105,7 +104,7 @@ impl Pass for OutlineFusions {
                         .collect()
                 });
             if !emitted.is_empty() {
-                changed |= fuse_emitted(module, comp, &emitted, rules, self.platform, tasks)?;
+                changed |= fuse_emitted(module, comp, &emitted, rules, self.platform, self.tasks)?;
             }
         }
         Ok(changed || module.computations().len() != before)

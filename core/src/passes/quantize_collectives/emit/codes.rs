@@ -420,11 +420,10 @@ impl Emitter<'_, '_, '_> {
         // The product over the blocks as rows of a matrix: XLA:GPU's dot
         // emitter takes one non-contracting dimension a side. Past
         // XLA:CPU's fusion the product reads the message's rows whole and
-        // takes their codes inside its YNNPACK fusion (a slice there is
-        // read in place), where slicing the codes out was a copy of its
-        // own, and a product over the whole row, the scale's bytes against
-        // zero rows of the matrix, ran YNNPACK's int8 kernels over 66
-        // columns instead of 64.
+        // slices the codes inside its YNNPACK fusion, which reads them in
+        // place: sliced outside, they were a copy of their own; read whole
+        // against zero rows for the scale's bytes, YNNPACK's int8 kernels
+        // ran over B + 2 columns instead of B.
         let row_bytes = bl as i64 + self.plan().scale_type().bytes() as i64;
         let whole = message.rows.as_ref().filter(|wire| {
             narrow
