@@ -284,20 +284,14 @@ fn narrowing_reader(module: &Module, comp: &Computation, target: InstrId) -> Opt
         return None;
     };
     let source = comp.get(target)?;
-    let narrow = |t: i32| t == PrimitiveType::Bf16 as i32 || t == PrimitiveType::F16 as i32;
     let shape = reader.shape.clone()?;
     let narrows = source.shape.as_ref().is_some_and(|s| {
         s.element_type == PrimitiveType::F32 as i32 && s.dimensions == shape.dimensions
-    }) && narrow(shape.element_type);
-    let ordered = |id: i64| {
-        comp.instructions()
-            .iter()
-            .any(|i| i.control_predecessor_ids.contains(&id))
-    };
+    }) && is_narrow_float(shape.element_type);
     if !narrows
         || comp.root_id() == target
-        || ordered(target.0)
-        || ordered(reader.id)
+        || orders_others(comp, target.0)
+        || orders_others(comp, reader.id)
         || !reader.control_predecessor_ids.is_empty()
     {
         return None;
@@ -313,6 +307,19 @@ fn narrowing_reader(module: &Module, comp: &Computation, target: InstrId) -> Opt
         shape,
         wrapped,
     })
+}
+
+/// Whether `t` is a float type XLA:CPU promotes to f32 (bf16, f16).
+fn is_narrow_float(t: i32) -> bool {
+    t == PrimitiveType::Bf16 as i32 || t == PrimitiveType::F16 as i32
+}
+
+/// Whether an instruction of `comp` is ordered after instruction `id`
+/// (a control predecessor of it).
+fn orders_others(comp: &Computation, id: i64) -> bool {
+    comp.instructions()
+        .iter()
+        .any(|i| i.control_predecessor_ids.contains(&id))
 }
 
 /// How many instructions of `module` call computation `called`.
@@ -541,11 +548,7 @@ pub fn narrow_source(
     let source = comp.get(InstrId(*convert.operand_ids.first()?))?;
     let wrapped = widening(module, convert, source)?;
     let read_elsewhere = comp.users_of(operand).iter().any(|u| u.id != user.0);
-    let orders_others = comp
-        .instructions()
-        .iter()
-        .any(|i| i.control_predecessor_ids.contains(&operand.0));
-    let used_elsewhere = read_elsewhere || orders_others;
+    let used_elsewhere = read_elsewhere || orders_others(comp, operand.0);
     if comp.root_id() == operand || !convert.control_predecessor_ids.is_empty() || used_elsewhere {
         return None;
     }
@@ -569,11 +572,10 @@ pub fn widening(
     convert: &HloInstructionProto,
     source: &HloInstructionProto,
 ) -> Option<Option<CompId>> {
-    let narrow = |t: i32| t == PrimitiveType::Bf16 as i32 || t == PrimitiveType::F16 as i32;
     let ty = |i: &HloInstructionProto| i.shape.as_ref().map(|s| s.element_type);
     let widens = source.shape.as_ref().map(|s| &s.dimensions)
         == convert.shape.as_ref().map(|s| &s.dimensions)
-        && ty(source).is_some_and(narrow)
+        && ty(source).is_some_and(is_narrow_float)
         && ty(convert) == Some(PrimitiveType::F32 as i32)
         && convert.operand_ids.len() == 1;
     if !widens {
