@@ -22,6 +22,9 @@
 //!   that a broadcast spreads is not fused into it, as XLA:CPU's own fusion
 //!   leaves it ("not profitable"): its loop emitter would compute it again
 //!   for every element of its block;
+//! - a cheap elementwise op that several fusions read (a block's scale
+//!   chain, read by its reciprocal and by its wire bytes) is copied into
+//!   each of them, as XLA's own fusion recomputes a cheap producer;
 //! - collectives, parameters, tuples and the rank lookup stay outside.
 //!
 //! Past XLA:TPU's layout assignment ([`Stage::Tiled`], its pre-scheduler
@@ -34,9 +37,9 @@
 //! their broadcasts, a block's scale spread along its block and a run of
 //! rows of the major dimension, each from a parameter, and a reduce as its
 //! root ([`Rules::Tiled`]); everything else stays an op of its own. Three
-//! things make up for that there: a cheap elementwise op that several
-//! fusions read (a block's scale chain, the input's widening) is copied
-//! into each of them, as XLA's own fusion recomputes one; two fusions of
+//! things make up for that there: cheap elementwise ops copied into each
+//! fusion that reads them, as past any fusion (the input's widening
+//! too); two fusions of
 //! elementwise ops over one shape that read the same operands (a block's
 //! reciprocal scale and its wire bits) are one multi-output fusion; and a
 //! reshape that only regroups whole tile rows is a `bitcast`.
@@ -273,15 +276,12 @@ fn is(i: &HloInstructionProto, op: Opcode) -> bool {
 /// lanes' results.
 ///
 /// Under [`Rules::Tiled`] only scalar constants and their broadcasts (a
-/// constant array inside a fusion is refused there), and an elementwise op
-/// read by several fusible ops, all of them: a block's scale, say, which
-/// both the codes and the wire's scale read. Past libtpu's fusion no
-/// fusion of its own would spare it a kernel and a trip through memory.
+/// constant array inside a fusion is refused there). The shared cheap
+/// elementwise ops ([`shared_cheap_ops`]) are copied too, under both.
 fn copied_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
-    users: &HashMap<InstrId, Vec<InstrId>>,
     rules: Rules,
 ) -> HashSet<i64> {
     let mut copied: HashSet<i64> = HashSet::default();
@@ -319,26 +319,27 @@ fn copied_ops(
             copied.insert(i.id);
         }
     }
-    if rules == Rules::Tiled {
-        copied.extend(shared_cheap_ops(c, emitted, by_id, users));
-    }
     copied
 }
 
-/// Under [`Rules::Tiled`], the cheap elementwise ops (no divide, power or
-/// transcendental: XLA's own fusion does not recompute those either) whose
-/// every user is a fusible op or one of these: copied into each fusion
-/// that reads them, a block's scale chain into both the codes and the
-/// wire's scale, say. Walked from the last instruction back, so every
-/// user is judged before what it reads; an op read once is only taken
-/// when its user is one of these.
+/// The cheap elementwise ops (no divide, power or transcendental: XLA's
+/// own fusion does not recompute those either) whose every user is a
+/// fusible op over the same shape or one of these: copied into each fusion
+/// that reads them, as XLA's own fusion recomputes a cheap producer in
+/// each consumer. A block's scale chain, say, goes into both the codes
+/// (its wire bytes) and the reciprocal scale: it is not a kernel of its
+/// own that writes the scales for both to read back (past libtpu's fusion,
+/// and XLA:CPU's: two kernels fewer a two-shot op there). Walked from the
+/// last instruction back, so every user is judged before what it reads; an
+/// op read once is only taken when its user is one of these.
 fn shared_cheap_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     users: &HashMap<InstrId, Vec<InstrId>>,
+    rules: Rules,
 ) -> HashSet<i64> {
-    let fusible = |i: &HloInstructionProto| eligible(i, emitted, by_id, users, Rules::Tiled);
+    let fusible = |i: &HloInstructionProto| eligible(i, emitted, by_id, users, rules);
     let cheap = |i: &HloInstructionProto| {
         Opcode::of(i).is_some_and(|op| {
             op.is_elementwise() && op.class() != Class::Collective && !expensive(op)
@@ -401,10 +402,12 @@ fn fuse_emitted(
     let by_id: HashMap<i64, &HloInstructionProto> =
         c.instructions().iter().map(|i| (i.id, i)).collect();
     let users = c.users();
-    let copied = copied_ops(c, emitted, &by_id, &users, rules);
+    let shared = shared_cheap_ops(c, emitted, &by_id, &users, rules);
+    let mut copied = copied_ops(c, emitted, &by_id, rules);
+    copied.extend(&shared);
     let group = fusion_groups(c, emitted, &by_id, &copied, &users, rules, platform);
     let members = members_by_root(c, &group);
-    let roots = fusion_roots(c, &members, &by_id, &copied, rules);
+    let roots = fusion_roots(c, &members, &by_id, &copied, &shared);
     let bitcasts = reshapes_to_bitcast(c, emitted, &group, &members, &by_id, rules);
     let root_of_comp = c.root_id().0;
 
@@ -595,25 +598,21 @@ fn only_reshapes(members: &[i64], by_id: &HashMap<i64, &HloInstructionProto>) ->
 /// The roots of the groups that become fusions, in instruction order. A
 /// single op stays as it is, unless it reads a broadcast that would
 /// otherwise be made into a buffer of its own (a constant spread over the
-/// op's shape), or under [`Rules::Tiled`] a shared cheap op
-/// ([`shared_cheap_ops`]): fused, what it reads is copied in and never
-/// written out. Groups of reshapes alone stay out, and become bitcasts.
+/// op's shape) or a shared cheap op ([`shared_cheap_ops`]): fused, what it
+/// reads is copied in and never written out. Groups of reshapes alone stay out, and become bitcasts.
 fn fusion_roots(
     c: &crate::ir::Computation,
     members: &HashMap<i64, Vec<i64>>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
-    rules: Rules,
+    shared: &HashSet<i64>,
 ) -> Vec<i64> {
     let reads_copied_work = |m: &[i64]| {
         m.iter().any(|id| {
             by_id[id].operand_ids.iter().any(|o| {
-                copied.contains(o)
-                    && by_id.get(o).is_some_and(|i| {
-                        is(i, Opcode::Broadcast)
-                            || (rules == Rules::Tiled
-                                && Opcode::of(i).is_some_and(Opcode::is_elementwise))
-                    })
+                shared.contains(o)
+                    || (copied.contains(o)
+                        && by_id.get(o).is_some_and(|i| is(i, Opcode::Broadcast)))
             })
         })
     };
