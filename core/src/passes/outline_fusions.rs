@@ -37,12 +37,12 @@
 //! their broadcasts, a block's scale spread along its block and a run of
 //! rows of the major dimension, each from a parameter, and a reduce as its
 //! root ([`Rules::Tiled`]); everything else stays an op of its own. Three
-//! things make up for that there: cheap elementwise ops copied into each
-//! fusion that reads them, as past any fusion (the input's widening
-//! too); two fusions of
-//! elementwise ops over one shape that read the same operands (a block's
-//! reciprocal scale and its wire bits) are one multi-output fusion; and a
-//! reshape that only regroups whole tile rows is a `bitcast`.
+//! things make up for that there: cheap elementwise ops are copied into
+//! each fusion that reads them, as past any fusion (the input's widening
+//! too); two fusions of elementwise ops over one shape that read the same
+//! operands (a block's reciprocal scale and its wire bits) are one
+//! multi-output fusion; and a reshape that only regroups whole tile rows
+//! is a `bitcast`.
 //!
 //! Only instructions equarx emitted are touched: those whose metadata
 //! names the collective they came from (`op_name` `equarx[...]`, which
@@ -276,8 +276,9 @@ fn is(i: &HloInstructionProto, op: Opcode) -> bool {
 /// lanes' results.
 ///
 /// Under [`Rules::Tiled`] only scalar constants and their broadcasts (a
-/// constant array inside a fusion is refused there). The shared cheap
-/// elementwise ops ([`shared_cheap_ops`]) are copied too, under both.
+/// constant array inside a fusion is refused there). Under both rules the
+/// shared cheap elementwise ops ([`shared_cheap_ops`]) are copied as well;
+/// [`fuse_emitted`] adds them.
 fn copied_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
@@ -599,7 +600,8 @@ fn only_reshapes(members: &[i64], by_id: &HashMap<i64, &HloInstructionProto>) ->
 /// single op stays as it is, unless it reads a broadcast that would
 /// otherwise be made into a buffer of its own (a constant spread over the
 /// op's shape) or a shared cheap op ([`shared_cheap_ops`]): fused, what it
-/// reads is copied in and never written out. Groups of reshapes alone stay out, and become bitcasts.
+/// reads is copied in and never written out. Groups of reshapes alone stay
+/// out, and become bitcasts.
 fn fusion_roots(
     c: &crate::ir::Computation,
     members: &HashMap<i64, Vec<i64>>,
