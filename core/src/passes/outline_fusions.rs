@@ -973,14 +973,26 @@ fn outline(
     })
 }
 
+/// What XLA:CPU's backend config of a loop fusion says of its tasks: how
+/// many parts each outer dimension is split into, major first, as strings
+/// (XLA's JSON form of an int64 list). Read from XLA's own fusions,
+/// written on equarx's.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TaskConfig {
+    #[serde(default)]
+    outer_dimension_partitions: Vec<String>,
+}
+
 /// XLA:CPU's backend config for a loop fusion run as `partitions` tasks
-/// (its `outer_dimension_partitions`); empty for one task.
+/// ([`TaskConfig`]); empty for one task.
 fn backend_config(partitions: &[i64]) -> Vec<u8> {
     if partitions.is_empty() {
         return Vec::new();
     }
-    let parts: Vec<String> = partitions.iter().map(|p| format!("\"{p}\"")).collect();
-    format!("{{\"outer_dimension_partitions\":[{}]}}", parts.join(",")).into_bytes()
+    let config = TaskConfig {
+        outer_dimension_partitions: partitions.iter().map(i64::to_string).collect(),
+    };
+    serde_json::to_vec(&config).unwrap_or_default()
 }
 
 /// The most tasks XLA:CPU splits any one of the module's own instructions
@@ -989,17 +1001,12 @@ fn backend_config(partitions: &[i64]) -> Vec<u8> {
 /// its intra-op threads, so this is how many the module may use. 1 where
 /// it split none.
 pub fn module_tasks(module: &Module) -> i64 {
-    #[derive(serde::Deserialize)]
-    struct Config {
-        #[serde(default)]
-        outer_dimension_partitions: Vec<String>,
-    }
     module
         .computations()
         .iter()
         .flat_map(|c| c.instructions())
         .filter(|i| !i.backend_config.is_empty() && !emitted_by_equarx(i))
-        .filter_map(|i| serde_json::from_slice::<Config>(&i.backend_config).ok())
+        .filter_map(|i| serde_json::from_slice::<TaskConfig>(&i.backend_config).ok())
         .map(|c| {
             c.outer_dimension_partitions
                 .iter()
