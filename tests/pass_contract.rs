@@ -1107,13 +1107,15 @@ fn a_rewrite_stays_under_200_instructions_for_any_group_size() {
                     println!("{what}: {n}");
                     // Outlined into loop fusions (XLA:CPU's hook), parameters
                     // and copied constants of the fused computations add to
-                    // the count, and past fusion an all-to-all is the tuple
-                    // form, a slice and an element per rank; a block's
-                    // cheap scale chain is copied into each fusion that
-                    // reads it (the ring at P = 2: 291 before, 312 with the
-                    // copies): guarded, not the goal.
+                    // the count; a block's cheap scale chain is copied into
+                    // each fusion that reads it (the ring at P = 2: 291
+                    // before, 312 with the copies); and past fusion an
+                    // exchange sends each rank's part as a fusion of its
+                    // own, its codes and scale chain in it (two-shot: about
+                    // 33 instructions a part, P = 64: 368 before, 2260
+                    // with the parts): guarded, not the goal.
                     if stage == Stage::Fused {
-                        let bound = 330 + 2 * p as usize;
+                        let bound = 330 + 35 * p as usize;
                         assert!(n <= bound, "{what}: {n} instructions when fused");
                         continue;
                     }

@@ -3,7 +3,7 @@
 //! int4 (two codes to a byte). The arithmetic is the contract of
 //! [`crate::numerics`], op for op.
 
-use super::{Const, Emitter, Message, float_type};
+use super::{Const, Emitter, Message, Scales, float_type};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::ir::shape;
@@ -47,19 +47,21 @@ impl Emitter<'_, '_, '_> {
     /// f32 blocks `[.., B]` and their [`Self::largest`] bits `[..]` →
     /// their [`Message`].
     pub(super) fn quantize_with(&mut self, blocks: &Value, largest: &Value) -> Message {
-        let dims = blocks.dims().to_vec();
-        let lead = &dims[..dims.len() - 1];
-        let format = self.plan().config.format;
-        // The largest bits capped at +Inf's: the absmax.
-        let inf = self.splat(Const::S32(f32::INFINITY.to_bits() as i32), lead);
-        let capped = self.b.binary(Opcode::Minimum, largest, &inf);
-        let absmax = self.b.bitcast_convert(&capped, PrimitiveType::F32);
-        let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), lead);
-        let raw = self.b.multiply(&absmax, &inv);
-        // The scale that travels, kept in f32: codes are computed against
-        // it, so codes and scale agree (see crate::numerics).
-        let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
-        let scale = self.b.reduce_precision(&raw, mantissa);
+        let scales = self.scales_of(largest);
+        let codes = self.codes_of(blocks, &scales.recip);
+        Message {
+            codes,
+            scales: scales.scale,
+            bits: scales.bits,
+            rows: None,
+        }
+    }
+
+    /// The scales of blocks whose [`Self::largest`] bits are `largest`
+    /// (`[..]`), and their reciprocals.
+    pub(super) fn scales_of(&mut self, largest: &Value) -> Scales {
+        let lead = largest.dims().to_vec();
+        let scale = self.scale_of(largest);
         // Scales apart on the wire and the module not yet fused (XLA:TPU,
         // the door before XLA), the reciprocal is taken of the scale as it
         // travels, decoded from its wire bits (the same value): bits and
@@ -77,9 +79,34 @@ impl Emitter<'_, '_, '_> {
         // One reciprocal per block, then multiplies: XLA rewrites a division
         // by a broadcast scalar into exactly this, so spelling it out keeps
         // every backend and block count on the same arithmetic.
-        let ones = self.splat(Const::F32(1f32.to_bits()), lead);
+        let ones = self.splat(Const::F32(1f32.to_bits()), &lead);
         let recip = self.b.divide(&ones, &scale);
-        let recip = self.b.broadcast(&recip, &dims, &lead_dims(&dims));
+        Scales { scale, bits, recip }
+    }
+
+    /// The scales of blocks whose [`Self::largest`] bits are `largest`
+    /// (`[..]`): what travels, in f32.
+    pub(super) fn scale_of(&mut self, largest: &Value) -> Value {
+        let lead = largest.dims().to_vec();
+        let format = self.plan().config.format;
+        // The largest bits capped at +Inf's: the absmax.
+        let inf = self.splat(Const::S32(f32::INFINITY.to_bits() as i32), &lead);
+        let capped = self.b.binary(Opcode::Minimum, largest, &inf);
+        let absmax = self.b.bitcast_convert(&capped, PrimitiveType::F32);
+        let inv = self.splat(Const::F32(inv_qmax(format).to_bits()), &lead);
+        let raw = self.b.multiply(&absmax, &inv);
+        // The scale that travels, kept in f32: codes are computed against
+        // it, so codes and scale agree (see crate::numerics).
+        let mantissa = scale_mantissa_bits(self.plan().scale_type()) as i32;
+        self.b.reduce_precision(&raw, mantissa)
+    }
+
+    /// The codes of f32 blocks `[.., B]` given their scales' reciprocals
+    /// `[..]` ([`Self::scales_of`]).
+    pub(super) fn codes_of(&mut self, blocks: &Value, recip: &Value) -> Value {
+        let dims = blocks.dims().to_vec();
+        let format = self.plan().config.format;
+        let recip = self.b.broadcast(recip, &dims, &lead_dims(&dims));
         let ratio = self.b.multiply(blocks, &recip);
         // Bounds shaped like the ratio, never scalars: XLA:GPU's
         // ReshapeMover (jaxlib 0.10.2) sinks a reshape through a clamp by
@@ -90,7 +117,7 @@ impl Emitter<'_, '_, '_> {
         // instruction budget (tests/pass_contract.rs).
         let hi = self.splat(Const::F32(format.qmax().to_bits()), &dims);
         let lo = self.b.unary(Opcode::Negate, &hi);
-        let codes = match float_type(format) {
+        match float_type(format) {
             // Integers: round to nearest even, clamp, s8 (int4: two to a
             // byte).
             None => {
@@ -110,12 +137,6 @@ impl Emitter<'_, '_, '_> {
                 let codes = self.b.convert(&clamped, ty);
                 self.b.bitcast_convert(&codes, PrimitiveType::S8)
             }
-        };
-        Message {
-            codes,
-            scales: scale,
-            bits,
-            rows: None,
         }
     }
 

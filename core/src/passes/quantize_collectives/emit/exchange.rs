@@ -2,7 +2,7 @@
 //! once and sent to the rank it belongs to by one all-to-all; the
 //! exchange's owner sums what arrives in f32.
 
-use super::{Emitter, Message};
+use super::{Emitter, Message, Scales};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
@@ -132,21 +132,75 @@ impl Emitter<'_, '_, '_> {
         };
         let blocks = self.b.reshape(held, &view);
         let blocks = self.f32(&blocks);
+        if self.inputs.stage == Stage::Fused {
+            return self.send_parts(&blocks, p);
+        }
         let message = self.quantize(&blocks);
         let wire = self.wire(&message);
         self.carry(&wire, 1, |e, sent| e.all_to_all_rows(sent, p))
     }
 
-    /// `array`'s P equal parts along its first dimension (`[P, ..]`, or
-    /// flat), part k sent to rank k: what arrives, in `array`'s shape, part
-    /// k from rank k.
-    fn all_to_all_rows(&mut self, array: &Value, p: i64) -> Value {
+    /// Past XLA's fusion (XLA:CPU's hook): `blocks` (`[P, ..]`) quantized
+    /// part by part, part k sent to rank k as the tuple all-to-all XLA:CPU
+    /// runs, each part's wire flat; what arrives, as [`Self::send_rows_wire`].
+    /// The blocks' largest bits and the scales' reciprocals are made once
+    /// for every part; each part's codes and wire are computed from its
+    /// run of the blocks, of the reciprocals and of the largest bits (its
+    /// scales' cheap chain again), so that `outline-fusions` makes each
+    /// part a fusion of its own, where the message was written whole and
+    /// each part then copied out by a slice. A bare slice is an op XLA:CPU
+    /// compiles anew for every rewritten op, where it compiles a fusion
+    /// once for all the fusions like it in a module: 36 two-shot psums,
+    /// 144 kernels fewer to compile.
+    fn send_parts(&mut self, blocks: &Value, p: i64) -> Vec<Value> {
+        let largest = self.largest(blocks);
+        let Scales { recip, bits, .. } = self.scales_of(&largest);
+        let parts: Vec<Vec<Value>> = (0..p)
+            .map(|k| {
+                let blocks = self.major_rows(blocks, k, k + 1);
+                let recip = self.major_rows(&recip, k, k + 1);
+                let largest = self.major_rows(&largest, k, k + 1);
+                let message = Message {
+                    codes: self.codes_of(&blocks, &recip),
+                    scales: self.scale_of(&largest),
+                    bits: bits.as_ref().map(|b| self.major_rows(b, k, k + 1)),
+                    rows: None,
+                };
+                self.wire(&message)
+            })
+            .collect();
+        (0..parts[0].len())
+            .map(|j| {
+                let mut dims = parts[0][j].dims().to_vec();
+                dims[0] *= p;
+                let pieces: Vec<Value> = parts.iter().map(|w| self.on_wire(&w[j])).collect();
+                let got = self.all_to_all_pieces(&pieces);
+                self.b.reshape(&got, &dims)
+            })
+            .collect()
+    }
+
+    /// `pieces[k]` sent to group member k as one tuple all-to-all: what
+    /// arrives, piece k from rank k, concatenated along the first
+    /// dimension.
+    fn all_to_all_pieces(&mut self, pieces: &[Value]) -> Value {
         let parts = self.inputs.participants;
         let channel = match parts.space {
             IdSpace::Partition => Some(self.b.fresh_channel_id()),
             IdSpace::Replica => None,
         };
         let groups = parts.groups.clone();
+        let sent = self.b.all_to_all_tuple(pieces, &groups, channel);
+        let got: Vec<Value> = (0..pieces.len())
+            .map(|k| self.b.get_tuple_element(&sent, k as i64))
+            .collect();
+        self.b.concatenate(&got, 0)
+    }
+
+    /// `array`'s P equal parts along its first dimension (`[P, ..]`, or
+    /// flat), part k sent to rank k: what arrives, in `array`'s shape, part
+    /// k from rank k.
+    fn all_to_all_rows(&mut self, array: &Value, p: i64) -> Value {
         let dims = array.dims().to_vec();
         let rows = dims[0] / p;
         // Tiled for XLA:TPU, an array of rank over 2 goes as it is, split
@@ -154,10 +208,8 @@ impl Emitter<'_, '_, '_> {
         // send and no concatenate to receive (untiled, the emission that
         // falls back from tiles libtpu is not known to take, its emitter
         // refuses it: `all_to_all_emitter.cc`).
-        if self.b.tiled_for_tpu() && dims.len() >= 3 {
-            return self.b.all_to_all(array, 0, &groups, channel);
-        }
-        if matches!(self.inputs.stage, Stage::Fused | Stage::Tiled) {
+        let array_form = self.b.tiled_for_tpu() && dims.len() >= 3;
+        if !array_form && matches!(self.inputs.stage, Stage::Fused | Stage::Tiled) {
             // XLA:CPU decomposes array all-to-alls into the tuple form early
             // in its pipeline and runs only that form; past that point the
             // parts are sent as a tuple, each a run of the array's rows. So
@@ -165,9 +217,16 @@ impl Emitter<'_, '_, '_> {
             let pieces: Vec<Value> = (0..p)
                 .map(|k| self.major_rows(array, k * rows, (k + 1) * rows))
                 .collect();
-            let sent = self.b.all_to_all_tuple(&pieces, &groups, channel);
-            let got: Vec<Value> = (0..p).map(|k| self.b.get_tuple_element(&sent, k)).collect();
-            return self.b.concatenate(&got, 0);
+            return self.all_to_all_pieces(&pieces);
+        }
+        let parts = self.inputs.participants;
+        let channel = match parts.space {
+            IdSpace::Partition => Some(self.b.fresh_channel_id()),
+            IdSpace::Replica => None,
+        };
+        let groups = parts.groups.clone();
+        if array_form {
+            return self.b.all_to_all(array, 0, &groups, channel);
         }
         // Before fusion (XLA:GPU's hook, the door before XLA): the array
         // form, split along the major dimension, which XLA lays out and

@@ -195,6 +195,17 @@ struct Message {
     rows: Option<Value>,
 }
 
+/// A message's scales before its codes ([`Emitter::scales_of`]): f32
+/// `[..]`, one per block.
+struct Scales {
+    /// The scales, as [`Message::scales`].
+    scale: Value,
+    /// Their bits as they travel apart, as [`Message::bits`].
+    bits: Option<Value>,
+    /// Their reciprocals, what the codes are multiplied by.
+    recip: Value,
+}
+
 /// A scalar constant, by type and bits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Const {
