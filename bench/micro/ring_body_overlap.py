@@ -34,11 +34,8 @@ to text and `equarx rewrite --format module` back to the proto the hook
 returns.
 """
 import argparse
-import collections
-import glob
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -196,34 +193,15 @@ def main():
     print("jax %s, 4 XLA:CPU devices in one process, psum of bf16%s a device, ring + H; edits:"
           " barrier %s, %d extra ready kernels" % (jax.__version__, list(shape),
                                                   "yes" if a.barrier else "no", a.ready))
-    from jax._src.lib import _profile_data
+    from xla_cpu_overlap import split_time, thunk_events
     for name, exe in programs.items():
-        trace = tempfile.mkdtemp(prefix="ring_body_overlap.")
-        try:
-            jax.profiler.start_trace(trace)
-            for _ in range(a.runs):
-                jax.block_until_ready(exe(x))
-            jax.profiler.stop_trace()
-            data = _profile_data.ProfileData.from_file(
-                glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True)[0])
-        finally:
-            shutil.rmtree(trace, ignore_errors=True)
-        events = collections.defaultdict(list)
-        for plane in data.planes:
-            for line in plane.lines:
-                for e in line.events:
-                    stats = dict(e.stats)
-                    if "hlo_op" in stats and not e.name.startswith("while"):
-                        events[stats.get("device_ordinal")].append(
-                            (e.start_ns, e.start_ns + e.duration_ns, e.name.startswith(COLLECTIVES)))
+        events = thunk_events(lambda exe=exe: exe(x), a.runs)
         per = []
         for device, es in sorted(events.items()):
-            coll = [(s, t) for s, t, c in es if c]
-            comp = [(s, t) for s, t, c in es if not c]
-            both = sum(max(0, min(t1, t2) - max(s1, s2)) for s1, t1 in coll for s2, t2 in comp)
+            es = [e for e in es if not e[2].startswith("while")]
+            coll, comp, both, _ = split_time(es, lambda n: n.startswith(COLLECTIVES))
             per.append("device %s: collectives %.1f, other %.1f, overlap %.1f ms" % (
-                device, sum(t - s for s, t in coll) / a.runs / 1e6,
-                sum(t - s for s, t in comp) / a.runs / 1e6, both / a.runs / 1e6))
+                device, coll / a.runs / 1e6, comp / a.runs / 1e6, both / a.runs / 1e6))
         print("%-15s median %.1f ms a run; %s" % (name, 1e3 * statistics.median(times[name]),
                                                  "; ".join(per)))
     outs = {k: [np.asarray(s.data).view(np.uint16) for s in exe(x).addressable_shards]

@@ -51,13 +51,26 @@ def main():
                                 out_specs=tuple([spec] * (a.kernels + 1)))).lower(x, y).compile()
     for _ in range(3):
         jax.block_until_ready(exe(x, y))
+    events = thunk_events(lambda: exe(x, y), a.runs)
+    print("jax %s, 4 XLA:CPU devices in one process, %d kernels beside one all-reduce, %d runs"
+          % (jax.__version__, a.kernels, a.runs))
+    for device, es in sorted(events.items()):
+        coll, comp, overlap, kernels = split_time(es, lambda name: name.startswith("psum"))
+        print("device %s: all-reduce %.1f ms, kernels %.1f ms (%d events), overlap %.1f ms"
+              % (device, coll / 1e6, comp / 1e6, kernels, overlap / 1e6))
+
+
+def thunk_events(run, runs):
+    """Calls `run()` `runs` times under the JAX profiler (each result
+    waited for): each device's XLA:CPU thunk events, as (start ns, end ns,
+    name), by device ordinal."""
+    from jax._src.lib import _profile_data
     trace = tempfile.mkdtemp(prefix="xla_cpu_overlap.")
     try:
         jax.profiler.start_trace(trace)
-        for _ in range(a.runs):
-            jax.block_until_ready(exe(x, y))
+        for _ in range(runs):
+            jax.block_until_ready(run())
         jax.profiler.stop_trace()
-        from jax._src.lib import _profile_data
         data = _profile_data.ProfileData.from_file(
             glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True)[0])
     finally:
@@ -69,17 +82,18 @@ def main():
                 stats = dict(e.stats)
                 if "hlo_op" in stats:
                     events[stats.get("device_ordinal")].append(
-                        (e.start_ns, e.start_ns + e.duration_ns, e.name.startswith("psum")))
-    print("jax %s, 4 XLA:CPU devices in one process, %d kernels beside one all-reduce, %d runs"
-          % (jax.__version__, a.kernels, a.runs))
-    for device, es in sorted(events.items()):
-        coll = [(s, t) for s, t, c in es if c]
-        comp = [(s, t) for s, t, c in es if not c]
-        overlap = sum(max(0, min(t1, t2) - max(s1, s2)) for s1, t1 in coll for s2, t2 in comp)
-        print("device %s: all-reduce %.1f ms, kernels %.1f ms (%d events), overlap %.1f ms"
-              % (device, sum(t - s for s, t in coll) / 1e6, sum(t - s for s, t in comp) / 1e6,
-                 len(comp), overlap / 1e6))
+                        (e.start_ns, e.start_ns + e.duration_ns, e.name))
+    return events
 
+
+def split_time(events, is_collective):
+    """One device's [`thunk_events`]: the ns its collectives' events cover,
+    the ns its other events cover, the ns covered by both at once, and how
+    many other events there were."""
+    coll = [(s, t) for s, t, name in events if is_collective(name)]
+    comp = [(s, t) for s, t, name in events if not is_collective(name)]
+    both = sum(max(0, min(t1, t2) - max(s1, s2)) for s1, t1 in coll for s2, t2 in comp)
+    return (sum(t - s for s, t in coll), sum(t - s for s, t in comp), both, len(comp))
 
 if __name__ == "__main__":
     main()
