@@ -348,7 +348,8 @@ def hook_product(mesh):
     int8 codes summed in s32. The sum comes out narrowed by equarx's last
     fusion (XLA's own narrowing folded in), and equarx's fusions run as
     tasks as XLA's do. The door before XLA emits the f32 products the
-    filetests hold to the simulator. The psums must agree bit for bit,
+    filetests hold to the simulator. An exchange's parts are fusions,
+    not bare slices. The psums must agree bit for bit,
     per plan, on heavy-tailed inputs with outlier channels, a NaN and an
     Inf."""
     spec = P("tp")
@@ -382,6 +383,10 @@ def hook_product(mesh):
             "f32_results": entry.count("f32[512,640]"),
             "tasks": sum(1 for line in text.splitlines()
                          if "equarx_fusion" in line and "outer_dimension_partitions" in line),
+            # Each part an exchange sends is a fusion of its own: no bare
+            # slice, an op XLA:CPU compiles anew for every rewritten op.
+            "bare_slices": sum(1 for line in entry.splitlines()
+                               if " slice(" in line and "equarx[" in line),
             "differing_bits": int((a.view(np.uint16) != b.view(np.uint16)).sum()),
             "elements": int(a.size),
             "nan": int(np.isnan(a.astype(np.float32)).sum()),

@@ -192,6 +192,10 @@ fn jax_enable_rewrites_a_tensor_parallel_block() {
             h["tasks"].as_u64() >= Some(1),
             "{algorithm}: equarx's fusions split into tasks as XLA's: {h}"
         );
+        assert_eq!(
+            h["bare_slices"], 0,
+            "{algorithm}: an exchange's parts are fusions, not bare slices: {h}"
+        );
         assert_eq!(h["differing_bits"], 0, "{algorithm}: {h}");
         assert!(
             h["nan"].as_u64() >= Some(64),
