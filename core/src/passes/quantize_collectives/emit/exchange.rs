@@ -6,7 +6,6 @@ use super::{Emitter, Message, Scales};
 use crate::ir::builder::Value;
 use crate::ir::opcode::Opcode;
 use crate::passes::Stage;
-use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Rotation, Wire};
 
 /// The most ranks whose parts an exchange dequantizes one by one before
@@ -184,12 +183,8 @@ impl Emitter<'_, '_, '_> {
     /// arrives, piece k from rank k, concatenated along the first
     /// dimension.
     fn all_to_all_pieces(&mut self, pieces: &[Value]) -> Value {
-        let parts = self.inputs.participants;
-        let channel = match parts.space {
-            IdSpace::Partition => Some(self.b.fresh_channel_id()),
-            IdSpace::Replica => None,
-        };
-        let groups = parts.groups.clone();
+        let channel = self.channel();
+        let groups = self.inputs.participants.groups.clone();
         let sent = self.b.all_to_all_tuple(pieces, &groups, channel);
         let got: Vec<Value> = (0..pieces.len())
             .map(|k| self.b.get_tuple_element(&sent, k as i64))
@@ -219,12 +214,8 @@ impl Emitter<'_, '_, '_> {
                 .collect();
             return self.all_to_all_pieces(&pieces);
         }
-        let parts = self.inputs.participants;
-        let channel = match parts.space {
-            IdSpace::Partition => Some(self.b.fresh_channel_id()),
-            IdSpace::Replica => None,
-        };
-        let groups = parts.groups.clone();
+        let channel = self.channel();
+        let groups = self.inputs.participants.groups.clone();
         if array_form {
             return self.b.all_to_all(array, 0, &groups, channel);
         }

@@ -64,7 +64,7 @@ impl Emitter<'_, '_, '_> {
                 let groups = parts.groups.clone();
                 let partitions = parts.space == IdSpace::Partition;
                 self.carry(&wire, p, |e, sent| {
-                    let channel = partitions.then(|| e.b.fresh_channel_id());
+                    let channel = e.channel();
                     e.b.all_gather(sent, 0, &groups, channel, partitions)
                 })
             }

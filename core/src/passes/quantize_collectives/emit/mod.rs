@@ -48,7 +48,7 @@ mod ring;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::groups::Participants;
+use super::groups::{IdSpace, Participants};
 use crate::ir::builder::{Builder, Value};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, InstrId};
@@ -263,6 +263,15 @@ impl<'b, 'm, 'i> Emitter<'b, 'm, 'i> {
 
     fn plan(&self) -> &'i Plan {
         self.inputs.plan
+    }
+
+    /// A new collective's channel id: a fresh one where the groups name
+    /// partitions, none where they name replicas.
+    fn channel(&mut self) -> Option<i64> {
+        match self.inputs.participants.space {
+            IdSpace::Partition => Some(self.b.fresh_channel_id()),
+            IdSpace::Replica => None,
+        }
     }
 
     /// Dimension `k` of `v`. The emitter's values have the ranks it made

@@ -306,11 +306,10 @@ impl Emitter<'_, '_, '_> {
     /// and scales (`message`, a tuple): every destination's part.
     fn exchange_kernels(&mut self, message: &Value, parts: [i64; 3]) -> [Value; 2] {
         let groups = self.inputs.participants.groups.clone();
-        let partitions = self.inputs.participants.space == IdSpace::Partition;
         [0, 1].map(|i| {
             let v = self.b.get_tuple_element(message, i);
             let v = if i == 0 { self.view(&v, &parts) } else { v };
-            let channel = partitions.then(|| self.b.fresh_channel_id());
+            let channel = self.channel();
             self.b.all_to_all(&v, 0, &groups, channel)
         })
     }
@@ -328,7 +327,7 @@ impl Emitter<'_, '_, '_> {
         let partitions = self.inputs.participants.space == IdSpace::Partition;
         let all = [0, 1].map(|i| {
             let v = self.b.get_tuple_element(message, i);
-            let channel = partitions.then(|| self.b.fresh_channel_id());
+            let channel = self.channel();
             self.b.all_gather(&v, 0, &groups, channel, partitions)
         });
         let mut ins = vec![&all[0], &all[1]];

@@ -4,7 +4,6 @@
 
 use super::Emitter;
 use crate::ir::builder::Value;
-use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Axis, Form, Lane};
 
 impl Emitter<'_, '_, '_> {
@@ -12,10 +11,7 @@ impl Emitter<'_, '_, '_> {
     /// along `axis`.
     pub(super) fn permute(&mut self, array: &Value, axis: Axis, dir: i64) -> Value {
         let pairs = self.inputs.participants.axis_pairs(axis, dir);
-        let channel = match self.inputs.participants.space {
-            IdSpace::Partition => Some(self.b.fresh_channel_id()),
-            IdSpace::Replica => None,
-        };
+        let channel = self.channel();
         if self.inputs.async_permutes {
             let start = self.b.collective_permute_start(array, &pairs, channel);
             self.b.collective_permute_done(&start)
