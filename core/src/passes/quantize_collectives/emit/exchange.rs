@@ -149,8 +149,9 @@ impl Emitter<'_, '_, '_> {
     /// part a fusion of its own, where the message was written whole and
     /// each part then copied out by a slice. A bare slice is an op XLA:CPU
     /// compiles anew for every rewritten op, where it compiles a fusion
-    /// once for all the fusions like it in a module: 36 two-shot psums,
-    /// 144 kernels fewer to compile.
+    /// once for all the fusions like it in a module (Gemma 3 270M's 36
+    /// two-shot psums: 86 kernels to compile where there were 227, the
+    /// original's own 75 among them).
     fn send_parts(&mut self, blocks: &Value, p: i64) -> Vec<Value> {
         let largest = self.largest(blocks);
         let Scales { recip, bits, .. } = self.scales_of(&largest);
