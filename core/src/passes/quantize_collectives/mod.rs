@@ -55,7 +55,7 @@ use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
-use crate::options::Options;
+use crate::options::{FuseMode, Options};
 use crate::plan::{Algorithm, Kernels, Plan};
 use crate::proto::{HloInstructionProto, ShapeProto};
 
@@ -361,6 +361,7 @@ impl QuantizeCollectives {
                     stage: self.stage,
                     platform: self.platform,
                     before_xla: self.options.stage == Some(Stage::PreFusion),
+                    outlined: self.options.fuse != FuseMode::Off && self.stage != Stage::PreFusion,
                 };
                 let spliced = splice(
                     module,

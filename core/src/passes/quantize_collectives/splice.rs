@@ -83,6 +83,8 @@ pub struct Site {
     pub stage: Stage,
     pub platform: Platform,
     pub before_xla: bool,
+    /// `outline-fusions` runs after the pass ([`EmitInputs::outlined`]).
+    pub outlined: bool,
 }
 
 /// Emits `plan` for candidate `c` and records, in `edits`, how it replaces
@@ -99,6 +101,7 @@ pub fn splice(
         stage,
         platform,
         before_xla,
+        outlined,
     } = site;
     let comp = module
         .computation(c.comp)
@@ -165,6 +168,7 @@ pub fn splice(
         before_xla,
         scheduled: module.schedule().is_some_and(|s| !s.is_empty()),
         dimension: c.dimension,
+        outlined,
     };
     let metadata = metadata_for(&instr);
     // Past XLA:TPU's layout assignment the emission carries libtpu's tiles:

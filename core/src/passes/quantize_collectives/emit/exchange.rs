@@ -131,7 +131,7 @@ impl Emitter<'_, '_, '_> {
         };
         let blocks = self.b.reshape(held, &view);
         let blocks = self.f32(&blocks);
-        if self.inputs.stage == Stage::Fused {
+        if self.inputs.stage == Stage::Fused && self.inputs.outlined {
             return self.send_parts(&blocks, p);
         }
         let message = self.quantize(&blocks);
@@ -139,7 +139,8 @@ impl Emitter<'_, '_, '_> {
         self.carry(&wire, 1, |e, sent| e.all_to_all_rows(sent, p))
     }
 
-    /// Past XLA's fusion (XLA:CPU's hook): `blocks` (`[P, ..]`) quantized
+    /// Past XLA's fusion (XLA:CPU's hook), equarx's ops outlined into
+    /// fusions: `blocks` (`[P, ..]`) quantized
     /// part by part, part k sent to rank k as the tuple all-to-all XLA:CPU
     /// runs, each part's wire flat; what arrives, as [`Self::send_rows_wire`].
     /// The blocks' largest bits and the scales' reciprocals are made once

@@ -91,6 +91,10 @@ pub struct EmitInputs<'a> {
     /// The collective's scatter, gather or split dimension (an array
     /// all-to-all's; none for the all-reduce and a tuple all-to-all).
     pub dimension: Option<i64>,
+    /// `outline-fusions` will make loop fusions of what is emitted here
+    /// (`fuse` not off, past XLA's fusion): forms that only pay as fusions
+    /// (an exchange's parts each computed by its own) are emitted only then.
+    pub outlined: bool,
 }
 
 /// The plan as [`emit`] wrote it: the values that replace the operands'
