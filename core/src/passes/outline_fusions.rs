@@ -84,10 +84,12 @@ impl Pass for OutlineFusions {
     }
 
     fn run(&mut self, module: &mut Module) -> Result<bool, PassError> {
-        let rules = match (self.fuse, self.stage) {
-            (FuseMode::Off, _) | (_, Stage::PreFusion) => return Ok(false),
-            (FuseMode::Auto, Stage::Fused) => Rules::Fused,
-            (FuseMode::Auto, Stage::Tiled) => Rules::Tiled,
+        if !outlines(self.fuse, self.stage) {
+            return Ok(false);
+        }
+        let rules = match self.stage {
+            Stage::Tiled => Rules::Tiled,
+            Stage::Fused | Stage::PreFusion => Rules::Fused,
         };
         let before = module.computations().len();
         let comps: Vec<CompId> = module
@@ -112,6 +114,12 @@ impl Pass for OutlineFusions {
         }
         Ok(changed || module.computations().len() != before)
     }
+}
+
+/// Whether the pass outlines what equarx emitted into fusions: `fuse` not
+/// off, and the module past XLA's fusion.
+pub fn outlines(fuse: FuseMode, stage: Stage) -> bool {
+    fuse != FuseMode::Off && stage != Stage::PreFusion
 }
 
 /// Whether equarx emitted `i` (its metadata names a collective equarx

@@ -49,13 +49,13 @@ use report::{Basis, OpReport, describe};
 use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
-use super::{Pass, PassError, Platform, Stage};
+use super::{Pass, PassError, Platform, Stage, outline_fusions};
 use crate::cost::{MOSAIC_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS, Topology};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
 use crate::numerics::profile::{KeyMaker, OpKey};
-use crate::options::{FuseMode, Options};
+use crate::options::Options;
 use crate::plan::{Algorithm, Kernels, Plan};
 use crate::proto::{HloInstructionProto, ShapeProto};
 
@@ -361,7 +361,7 @@ impl QuantizeCollectives {
                     stage: self.stage,
                     platform: self.platform,
                     before_xla: self.options.stage == Some(Stage::PreFusion),
-                    outlined: self.options.fuse != FuseMode::Off && self.stage != Stage::PreFusion,
+                    outlined: outline_fusions::outlines(self.options.fuse, self.stage),
                 };
                 let spliced = splice(
                     module,

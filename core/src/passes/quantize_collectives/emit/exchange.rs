@@ -140,9 +140,9 @@ impl Emitter<'_, '_, '_> {
     }
 
     /// Past XLA's fusion (XLA:CPU's hook), equarx's ops outlined into
-    /// fusions: `blocks` (`[P, ..]`) quantized
-    /// part by part, part k sent to rank k as the tuple all-to-all XLA:CPU
-    /// runs, each part's wire flat; what arrives, as [`Self::send_rows_wire`].
+    /// fusions: `blocks` (`[P, ..]`) quantized part by part, part k sent
+    /// to rank k as the tuple all-to-all XLA:CPU runs, each part's wire
+    /// flat; what arrives, as [`Self::send_rows_wire`].
     /// The blocks' largest bits and the scales' reciprocals are made once
     /// for every part; each part's codes and wire are computed from its
     /// run of the blocks, of the reciprocals and of the largest bits (its
