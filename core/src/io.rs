@@ -89,28 +89,15 @@ enum Container {
     WithConfig(Box<HloModuleProtoWithConfig>),
 }
 
-fn pool() -> &'static DescriptorPool {
-    static POOL: OnceLock<DescriptorPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        DescriptorPool::decode(crate::proto::DESCRIPTOR_SET)
-            .expect("the descriptor set compiled into equarx decodes")
-    })
-}
-
-fn descriptor(name: &str) -> MessageDescriptor {
-    pool()
-        .get_message_by_name(name)
-        .unwrap_or_else(|| panic!("{name} is in equarx's schema"))
-}
-
 /// Decodes `bytes`, detecting the container unless `format` names it.
 pub fn decode(bytes: &[u8], format: Option<Format>) -> Result<Loaded, FormatError> {
     let (bytes, gzip) = gunzip(bytes)?;
     if bytes.is_empty() {
         return Err(FormatError::Empty);
     }
-    let format = match format {
-        Some(f) => f,
+    // Detecting a bare module decodes it: that module is kept.
+    let (format, mut decoded) = match format {
+        Some(f) => (f, None),
         None => detect(&bytes)?,
     };
     let counts_from = |module: &HloModuleProto| device_assignment_counts(module);
@@ -130,8 +117,13 @@ pub fn decode(bytes: &[u8], format: Option<Format>) -> Result<Loaded, FormatErro
             }
         }
         Format::Module => {
-            check_known(&bytes, format)?;
-            let module = HloModuleProto::decode(&*bytes).map_err(malformed)?;
+            let module = match decoded.take() {
+                Some(module) => module,
+                None => {
+                    check_known(&bytes, format)?;
+                    HloModuleProto::decode(&*bytes).map_err(malformed)?
+                }
+            };
             Loaded {
                 counts: counts_from(&module),
                 module,
@@ -282,17 +274,19 @@ fn gzip_bytes(bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
     enc.finish().map_err(|e| FormatError::Gzip(e.to_string()))
 }
 
-/// Which container `bytes` hold. A bare module has a computations list
-/// (field 3); the wrappers hold a whole module in field 1.
-fn detect(bytes: &[u8]) -> Result<Format, FormatError> {
+/// Which container `bytes` hold, and the module where they hold a bare one
+/// (decoded to tell). A bare module has a computations list (field 3); the
+/// wrappers hold a whole module in field 1.
+fn detect(bytes: &[u8]) -> Result<(Format, Option<HloModuleProto>), FormatError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if bytes.len() >= 9 && first == Some(b'H') || looks_like_text(bytes) {
-        return Ok(Format::Text);
+        return Ok((Format::Text, None));
     }
-    let module_ok = check_known(bytes, Format::Module).is_ok()
-        && HloModuleProto::decode(bytes).is_ok_and(|m| !m.computations.is_empty());
-    if module_ok {
-        return Ok(Format::Module);
+    if check_known(bytes, Format::Module).is_ok()
+        && let Ok(module) = HloModuleProto::decode(bytes)
+        && !module.computations.is_empty()
+    {
+        return Ok((Format::Module, Some(module)));
     }
     // A dump wrapper and a module-with-config both hold the module in field
     // 1; only the latter has field 2, which the wrapper's schema reserves.
@@ -305,7 +299,7 @@ fn detect(bytes: &[u8]) -> Result<Format, FormatError> {
                     .and_then(|w| w.hlo_module),
             };
             if has_module.is_some_and(|m| !m.computations.is_empty()) {
-                return Ok(f);
+                return Ok((f, None));
             }
         }
     }
@@ -330,83 +324,194 @@ fn looks_like_text(bytes: &[u8]) -> bool {
 /// Proves that every field in `bytes`, at every depth, is declared in our
 /// schema for `format`'s message (and that the wire types agree).
 pub fn check_known(bytes: &[u8], format: Format) -> Result<(), FormatError> {
-    let desc = descriptor(format.message_name());
-    let mut path = desc.name().to_string();
-    walk(bytes, &desc, &mut path, 0)
+    let schema = schema();
+    let top = schema.index[format.message_name()];
+    let mut path = Vec::new();
+    walk(schema, bytes, top, &mut path).map_err(|(fault, depth)| {
+        // The path is spelled out only for the error: the message, then
+        // the field that led into each nested one.
+        let mut p = schema.messages[top].name.clone();
+        for &(message, number) in &path[..depth] {
+            p.push('.');
+            p.push_str(
+                schema
+                    .field(message, number)
+                    .map_or("?", |f| f.name.as_str()),
+            );
+        }
+        match fault {
+            Fault::Unknown(number) => FormatError::UnknownField { path: p, number },
+            Fault::Malformed(message) => FormatError::Malformed { path: p, message },
+        }
+    })
 }
 
 const MAX_DEPTH: usize = 100;
 
+/// Equarx's schema as [`walk`] reads it: each message's fields by number,
+/// made once from the descriptor set compiled in.
+struct Schema {
+    messages: Vec<MessageFields>,
+    index: std::collections::HashMap<String, usize>,
+}
+
+struct MessageFields {
+    name: String,
+    /// Indexed by field number; `None` for a number the message does not
+    /// declare.
+    by_number: Vec<Option<FieldInfo>>,
+}
+
+struct FieldInfo {
+    name: String,
+    kind: FieldKind,
+}
+
+/// What a field's wire bytes must be.
+#[derive(Clone, Copy, PartialEq)]
+enum FieldKind {
+    /// A nested message: the index of its [`MessageFields`].
+    Message(usize),
+    String,
+    Bytes,
+    /// 8 bytes (double, fixed64, sfixed64), or packed.
+    Fixed64,
+    /// 4 bytes (float, fixed32, sfixed32), or packed.
+    Fixed32,
+    /// A varint (integers, bools, enums), or packed.
+    Varint,
+}
+
+impl Schema {
+    fn field(&self, message: usize, number: u32) -> Option<&FieldInfo> {
+        self.messages[message]
+            .by_number
+            .get(number as usize)?
+            .as_ref()
+    }
+}
+
+fn schema() -> &'static Schema {
+    static SCHEMA: OnceLock<Schema> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        // Built in: a failure is a build of equarx gone wrong, found by
+        // every test that reads a module.
+        let pool = DescriptorPool::decode(crate::proto::DESCRIPTOR_SET)
+            .expect("the descriptor set compiled into equarx decodes");
+        let all: Vec<MessageDescriptor> = pool.all_messages().collect();
+        let index: std::collections::HashMap<String, usize> = all
+            .iter()
+            .enumerate()
+            .map(|(k, m)| (m.full_name().to_string(), k))
+            .collect();
+        let messages = all
+            .iter()
+            .map(|m| {
+                let mut by_number: Vec<Option<FieldInfo>> = Vec::new();
+                for f in m.fields() {
+                    let kind = match f.kind() {
+                        Kind::Message(inner) => FieldKind::Message(index[inner.full_name()]),
+                        Kind::String => FieldKind::String,
+                        Kind::Bytes => FieldKind::Bytes,
+                        Kind::Double | Kind::Fixed64 | Kind::Sfixed64 => FieldKind::Fixed64,
+                        Kind::Float | Kind::Fixed32 | Kind::Sfixed32 => FieldKind::Fixed32,
+                        _ => FieldKind::Varint,
+                    };
+                    let n = f.number() as usize;
+                    if by_number.len() <= n {
+                        by_number.resize_with(n + 1, || None);
+                    }
+                    by_number[n] = Some(FieldInfo {
+                        name: f.name().to_string(),
+                        kind,
+                    });
+                }
+                MessageFields {
+                    name: m.name().to_string(),
+                    by_number,
+                }
+            })
+            .collect();
+        Schema { messages, index }
+    })
+}
+
+/// Why [`walk`] stopped.
+enum Fault {
+    Unknown(u32),
+    Malformed(String),
+}
+
+/// Walks message `message`'s bytes `b`, `path` the (message, field number)
+/// steps that led here; a fault comes back with the depth it was found at
+/// (the steps of `path` that lead to it).
 fn walk(
+    schema: &Schema,
     mut b: &[u8],
-    desc: &MessageDescriptor,
-    path: &mut String,
-    depth: usize,
-) -> Result<(), FormatError> {
-    let err = |path: &str, message: &str| FormatError::Malformed {
-        path: path.to_string(),
-        message: message.to_string(),
-    };
+    message: usize,
+    path: &mut Vec<(usize, u32)>,
+) -> Result<(), (Fault, usize)> {
+    let depth = path.len();
+    let fault = |message: &str| Err((Fault::Malformed(message.to_string()), depth));
     if depth > MAX_DEPTH {
-        return Err(err(path, "nested more than 100 messages deep"));
+        return fault("nested more than 100 messages deep");
     }
     while !b.is_empty() {
-        let key = varint(&mut b).ok_or_else(|| err(path, "truncated field key"))?;
+        let Some(key) = varint(&mut b) else {
+            return fault("truncated field key");
+        };
         let number = (key >> 3) as u32;
         let wire = (key & 7) as u8;
         if number == 0 {
-            return Err(err(path, "field number 0"));
+            return fault("field number 0");
         }
-        let Some(field) = desc.get_field(number) else {
-            return Err(FormatError::UnknownField {
-                path: path.clone(),
-                number,
-            });
+        let Some(field) = schema.field(message, number) else {
+            return Err((Fault::Unknown(number), depth));
         };
         match wire {
             0 => {
-                varint(&mut b).ok_or_else(|| err(path, "truncated varint"))?;
+                if varint(&mut b).is_none() {
+                    return fault("truncated varint");
+                }
             }
             1 | 5 => {
                 let n = if wire == 1 { 8 } else { 4 };
                 if b.len() < n {
-                    return Err(err(path, "truncated fixed-width value"));
+                    return fault("truncated fixed-width value");
                 }
                 b = &b[n..];
             }
             2 => {
-                let len = varint(&mut b).ok_or_else(|| err(path, "truncated length"))?;
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&l| l <= b.len())
-                    .ok_or_else(|| err(path, "length runs past the end"))?;
+                let Some(len) = varint(&mut b) else {
+                    return fault("truncated length");
+                };
+                let Some(len) = usize::try_from(len).ok().filter(|&l| l <= b.len()) else {
+                    return fault("length runs past the end");
+                };
                 let (payload, rest) = b.split_at(len);
                 b = rest;
-                let kind = field.kind();
-                if let Kind::Message(inner) = kind {
-                    let len_before = path.len();
-                    path.push('.');
-                    path.push_str(field.name());
-                    // Map entries name their value field "value".
-                    walk(payload, &inner, path, depth + 1)?;
-                    path.truncate(len_before);
-                } else if matches!(kind, Kind::String) && std::str::from_utf8(payload).is_err() {
-                    return Err(err(path, &format!("field {} is not UTF-8", field.name())));
+                match field.kind {
+                    FieldKind::Message(inner) => {
+                        path.push((message, number));
+                        walk(schema, payload, inner, path)?;
+                        path.pop();
+                    }
+                    FieldKind::String if std::str::from_utf8(payload).is_err() => {
+                        return fault(&format!("field {} is not UTF-8", field.name));
+                    }
+                    _ => {}
                 }
             }
-            _ => return Err(err(path, &format!("unsupported wire type {wire}"))),
+            _ => return fault(&format!("unsupported wire type {wire}")),
         }
-        let wire_ok = match field.kind() {
-            Kind::Message(_) | Kind::String | Kind::Bytes => wire == 2,
-            Kind::Double | Kind::Fixed64 | Kind::Sfixed64 => wire == 1 || wire == 2,
-            Kind::Float | Kind::Fixed32 | Kind::Sfixed32 => wire == 5 || wire == 2,
-            _ => wire == 0 || wire == 2,
+        let wire_ok = match field.kind {
+            FieldKind::Message(_) | FieldKind::String | FieldKind::Bytes => wire == 2,
+            FieldKind::Fixed64 => wire == 1 || wire == 2,
+            FieldKind::Fixed32 => wire == 5 || wire == 2,
+            FieldKind::Varint => wire == 0 || wire == 2,
         };
         if !wire_ok {
-            return Err(err(
-                path,
-                &format!("field {} has wire type {wire}", field.name()),
-            ));
+            return fault(&format!("field {} has wire type {wire}", field.name));
         }
     }
     Ok(())
