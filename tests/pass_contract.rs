@@ -520,6 +520,94 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
     );
 }
 
+/// After XLA's fusion a two-shot exchange quantizes each rank's part in a
+/// fusion of its own, and the P fusions are alike (the same fused
+/// computation but for names), each reading where its part starts as an
+/// operand: XLA:CPU compiles one kernel for every fusion alike in a module,
+/// and one for every fusion that differs (BENCHMARKS.md, "Compile time and
+/// module size in XLA:CPU").
+#[test]
+fn an_exchanges_parts_are_alike_fusions() {
+    // A fused computation as XLA:CPU's kernel cache sees it: each
+    // instruction's opcode, shape, attributes and operands (by position),
+    // names left out.
+    fn signature(c: &HloComputationProto) -> Vec<String> {
+        let at: HashMap<i64, usize> = c
+            .instructions
+            .iter()
+            .enumerate()
+            .map(|(k, i)| (i.id, k))
+            .collect();
+        c.instructions
+            .iter()
+            .map(|i| {
+                let operands: Vec<usize> = i.operand_ids.iter().map(|o| at[o]).collect();
+                let mut shape = i.shape.clone();
+                if let Some(s) = shape.as_mut() {
+                    s.layout = None;
+                }
+                format!(
+                    "{} {:?} {operands:?} {:?} {:?} {:?} {:?} {}",
+                    i.opcode,
+                    shape,
+                    i.dimensions,
+                    i.slice_dimensions,
+                    i.dynamic_slice_sizes,
+                    i.literal.as_ref().map(|l| l.encode_to_vec()),
+                    i.parameter_number
+                )
+            })
+            .collect()
+    }
+    let loaded = load(&common::fixtures_dir().join("psum_bf16_p8_after_opt.pb"));
+    let out = equarx::rewrite(
+        loaded.module,
+        loaded.counts,
+        &options(|o| o.algorithm = Some(equarx::plan::Algorithm::TwoShot)),
+    )
+    .unwrap();
+    assert!(out.report.iter().any(|r| r.rewritten));
+    let m = &out.module;
+    let by_id = instructions(m);
+    let a2a = m
+        .computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .find(|i| i.opcode == "all-to-all")
+        .expect("the exchange's all-to-all");
+    // Each piece is a view of its part's fusion.
+    let parts: Vec<&HloInstructionProto> = a2a
+        .operand_ids
+        .iter()
+        .map(|&o| {
+            let mut i = by_id[&o];
+            while matches!(i.opcode.as_str(), "bitcast" | "reshape") {
+                i = by_id[&i.operand_ids[0]];
+            }
+            i
+        })
+        .collect();
+    assert_eq!(parts.len(), 8, "P = 8 pieces");
+    let fused = |f: &HloInstructionProto| {
+        assert_eq!(f.opcode, "fusion", "a part is a fusion: {}", f.name);
+        let id = f.called_computation_ids[0];
+        m.computations.iter().find(|c| c.id == id).unwrap()
+    };
+    let first = signature(fused(parts[0]));
+    for f in &parts[1..] {
+        assert_eq!(signature(fused(f)), first, "{} differs from {}", f.name, parts[0].name);
+    }
+    // What tells them apart is an operand: where each part starts.
+    let starts: HashSet<Vec<u8>> = parts
+        .iter()
+        .flat_map(|f| &f.operand_ids)
+        .map(|o| by_id[o])
+        .filter(|i| i.opcode == "constant")
+        .filter_map(|i| i.literal.as_ref().map(|l| l.encode_to_vec()))
+        .collect();
+    assert!(starts.len() >= 8, "every part starts at its own row: {starts:?}");
+}
+
 /// The one op of `r` was rewritten with equarx's Mosaic kernels.
 fn assert_mosaic(r: &equarx::Rewritten) {
     let plan = r.report[0].plan.as_ref().expect("rewritten");

@@ -25,6 +25,14 @@
 //! - a cheap elementwise op that several fusions read (a block's scale
 //!   chain, read by its reciprocal and by its wire bytes) is copied into
 //!   each of them, as XLA's own fusion recomputes a cheap producer;
+//! - a constant that only says where dynamic slices start stays outside,
+//!   an operand of their fusions: fusions that differ only in where they
+//!   slice (a two-shot exchange's P parts) are then alike, and XLA:CPU
+//!   compiles one kernel for all the fusions alike in a module;
+//! - fusions of elementwise ops over one shape that read the same operands
+//!   (the ring's rank lookups) are one multi-output fusion, unless their
+//!   roots are concatenates (XLA:CPU emits a concatenate root with a
+//!   kernel of its own kind, one of several roots with its generic loop);
 //! - collectives, parameters, tuples and the rank lookup stay outside.
 //!
 //! Past XLA:TPU's layout assignment ([`Stage::Tiled`], its pre-scheduler
@@ -134,7 +142,8 @@ pub fn emitted_by_equarx(i: &HloInstructionProto) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Rules {
     /// Past XLA's fusion (XLA:CPU's and XLA:GPU's hooks): elementwise ops,
-    /// the data movement a rewrite emits, reductions as roots.
+    /// the data movement a rewrite emits, reductions as roots; siblings
+    /// merged into multi-output fusions.
     Fused,
     /// Past XLA:TPU's layout assignment: elementwise ops over arrays of one
     /// shape, scalars and their broadcasts, a scale's spread and a
@@ -291,11 +300,15 @@ fn copied_ops(
     c: &crate::ir::Computation,
     emitted: &HashSet<i64>,
     by_id: &HashMap<i64, &HloInstructionProto>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
     rules: Rules,
 ) -> HashSet<i64> {
     let mut copied: HashSet<i64> = HashSet::default();
     for i in c.instructions() {
-        if !emitted.contains(&i.id) || !i.control_predecessor_ids.is_empty() {
+        if !emitted.contains(&i.id)
+            || !i.control_predecessor_ids.is_empty()
+            || slice_start(i, by_id, users)
+        {
             continue;
         }
         let fused = rules == Rules::Fused;
@@ -412,7 +425,7 @@ fn fuse_emitted(
         c.instructions().iter().map(|i| (i.id, i)).collect();
     let users = c.users();
     let shared = shared_cheap_ops(c, emitted, &by_id, &users, rules);
-    let mut copied = copied_ops(c, emitted, &by_id, rules);
+    let mut copied = copied_ops(c, emitted, &by_id, &users, rules);
     copied.extend(&shared);
     let group = fusion_groups(c, emitted, &by_id, &copied, &users, rules, platform);
     let members = members_by_root(c, &group);
@@ -424,19 +437,20 @@ fn fuse_emitted(
     for root in roots {
         outlined.push(outline(&by_id, &copied, &members[&root], &[root])?);
     }
-    if rules == Rules::Tiled {
-        outlined = merge_siblings(c, outlined, &by_id, &copied)?;
-    }
+    outlined = merge_siblings(c, outlined, &by_id, &copied, rules)?;
     if tasks > 1 {
-        for o in outlined.iter_mut().filter(|o| o.roots.len() == 1) {
-            let read: u64 = o
-                .params
-                .iter()
-                .filter_map(|p| by_id.get(p)?.shape.as_ref())
-                .filter_map(shape::byte_size)
-                .sum();
+        for o in outlined.iter_mut() {
+            let bytes = |ids: &[i64]| -> u64 {
+                ids.iter()
+                    .filter_map(|p| by_id.get(p)?.shape.as_ref())
+                    .filter_map(shape::byte_size)
+                    .sum()
+            };
+            // A multi-output fusion's roots share one shape: its tasks
+            // split that shape, each writing its part of every root.
+            let accessed = bytes(&o.params) + bytes(&o.roots[1..]);
             if let Some(result) = by_id[&o.roots[0]].shape.as_ref() {
-                o.partitions = partitions_for(result, read, tasks);
+                o.partitions = partitions_for(result, accessed, tasks);
             }
         }
     }
@@ -562,6 +576,27 @@ fn eligible(
         && fusible(i, by_id, rules)
         && i.control_predecessor_ids.is_empty()
         && !(rules == Rules::Tiled && next_to_copy(i, by_id, users))
+        && !slice_start(i, by_id, users)
+}
+
+/// Whether `i` is a constant that only says where dynamic slices start.
+/// It stays outside as an operand of their fusions, so that fusions that
+/// differ only in where they slice (a two-shot exchange's parts) are alike:
+/// XLA:CPU compiles one kernel for every fusion alike in a module.
+fn slice_start(
+    i: &HloInstructionProto,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
+) -> bool {
+    is(i, Opcode::Constant)
+        && users.get(&InstrId(i.id)).is_some_and(|us| {
+            !us.is_empty()
+                && us.iter().all(|u| {
+                    by_id.get(&u.0).is_some_and(|u| {
+                        is(u, Opcode::DynamicSlice) && u.operand_ids.first() != Some(&i.id)
+                    })
+                })
+        })
 }
 
 /// Whether `i` reads or feeds a `copy`. libtpu folds a layout-changing
@@ -680,6 +715,7 @@ fn replace_with_fusions(module: &mut Module, comp: CompId, outlined: Vec<Outline
                 name,
                 opcode: Opcode::Fusion.as_str().into(),
                 shape: result,
+                backend_config: backend_config(&partitions),
                 fusion_kind: "kLoop".into(),
                 operand_ids: params,
                 called_computation_ids: vec![fused.0],
@@ -757,15 +793,18 @@ fn multi_output(
     edits.remove.extend(members.into_iter().map(InstrId));
 }
 
-/// Under [`Rules::Tiled`], fusions of elementwise ops over one shape that
-/// read the same operands, merged in pairs into one multi-output fusion: a
-/// block's reciprocal scale and its wire bits, both of the block maxima.
-/// Past libtpu's fusion each was a kernel that read the same buffer.
+/// Fusions of elementwise ops over one shape that read the same operands,
+/// merged into one multi-output fusion: each was a kernel of its own that
+/// read the same buffers. Under [`Rules::Tiled`] they come in pairs, a
+/// block's reciprocal scale and its wire bits, both of the block maxima;
+/// under [`Rules::Fused`] the ring's rank lookups, scalars of the
+/// partition id.
 fn merge_siblings(
     c: &crate::ir::Computation,
     outlined: Vec<Outline>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
+    rules: Rules,
 ) -> Result<Vec<Outline>, PassError> {
     let key = |o: &Outline| {
         let mut params = o.params.clone();
@@ -775,35 +814,42 @@ fn merge_siblings(
             .members
             .iter()
             .all(|m| by_id.get(m).is_some_and(|i| !is(i, Opcode::Reduce)));
-        (elementwise && !params.is_empty()).then(|| (params, dims(by_id[&o.roots[0]]).to_vec()))
+        // XLA:CPU emits a fusion whose root is a concatenate with a kernel
+        // of its own kind; as one root of several it goes to the generic
+        // loop kernel (a two-shot's P parts, merged, added 2.2x the
+        // compute they add apart: `bench/micro/op_cost.py`).
+        let concatenated = rules == Rules::Fused && is(by_id[&o.roots[0]], Opcode::Concatenate);
+        (elementwise && !concatenated && !params.is_empty())
+            .then(|| (params, dims(by_id[&o.roots[0]]).to_vec()))
     };
-    let mut partner: HashMap<(Vec<i64>, Vec<i64>), usize> = HashMap::default();
-    let mut merged: Vec<Option<Outline>> = Vec::with_capacity(outlined.len());
+    // Each group in the slot of its first outline, the others after it.
+    let mut slot: HashMap<(Vec<i64>, Vec<i64>), usize> = HashMap::default();
+    let mut groups: Vec<Vec<Outline>> = Vec::with_capacity(outlined.len());
     for o in outlined {
-        let Some(k) = key(&o) else {
-            merged.push(Some(o));
-            continue;
-        };
-        // A pair's first is still unmerged in its slot: each key is taken
-        // out of `partner` when it pairs.
-        match partner
-            .remove(&k)
-            .and_then(|at| Some((at, merged[at].take()?)))
-        {
-            Some((at, first)) => {
-                let mut members = first.members.clone();
-                members.extend(&o.members);
-                members.sort_by_key(|&m| c.position(InstrId(m)));
-                let roots = [first.roots[0], o.roots[0]];
-                merged[at] = Some(outline(by_id, copied, &members, &roots)?);
-            }
-            None => {
-                partner.insert(k, merged.len());
-                merged.push(Some(o));
-            }
+        match key(&o) {
+            Some(k) => match slot.get(&k) {
+                Some(&at) => groups[at].push(o),
+                None => {
+                    slot.insert(k, groups.len());
+                    groups.push(vec![o]);
+                }
+            },
+            None => groups.push(vec![o]),
         }
     }
-    Ok(merged.into_iter().flatten().collect())
+    let mut merged = Vec::with_capacity(groups.len());
+    for mut group in groups {
+        if group.len() == 1 {
+            merged.extend(group.pop());
+            continue;
+        }
+        group.sort_by_key(|o| c.position(InstrId(o.roots[0])));
+        let roots: Vec<i64> = group.iter().map(|o| o.roots[0]).collect();
+        let mut members: Vec<i64> = group.into_iter().flat_map(|o| o.members).collect();
+        members.sort_by_key(|&m| c.position(InstrId(m)));
+        merged.push(outline(by_id, copied, &members, &roots)?);
+    }
+    Ok(merged)
 }
 
 /// What the fusions copied in may be dead now, chains of it included: one
@@ -1032,7 +1078,7 @@ pub fn module_tasks(module: &Module) -> i64 {
 const BYTES_PER_TASK: u64 = 256 << 10;
 
 /// How XLA:CPU's parallel task assignment would split a loop fusion that
-/// reads `read` bytes into `result` (row-major): one task per
+/// accesses `read` bytes besides `result` (row-major): one task per
 /// [`BYTES_PER_TASK`] of bytes accessed, at most `tasks`, spread over the
 /// outer dimensions major first. Empty for one task.
 fn partitions_for(result: &ShapeProto, read: u64, tasks: i64) -> Vec<i64> {
