@@ -595,7 +595,13 @@ fn an_exchanges_parts_are_alike_fusions() {
     };
     let first = signature(fused(parts[0]));
     for f in &parts[1..] {
-        assert_eq!(signature(fused(f)), first, "{} differs from {}", f.name, parts[0].name);
+        assert_eq!(
+            signature(fused(f)),
+            first,
+            "{} differs from {}",
+            f.name,
+            parts[0].name
+        );
     }
     // What tells them apart is an operand: where each part starts.
     let starts: HashSet<Vec<u8>> = parts
@@ -605,7 +611,10 @@ fn an_exchanges_parts_are_alike_fusions() {
         .filter(|i| i.opcode == "constant")
         .filter_map(|i| i.literal.as_ref().map(|l| l.encode_to_vec()))
         .collect();
-    assert!(starts.len() >= 8, "every part starts at its own row: {starts:?}");
+    assert!(
+        starts.len() >= 8,
+        "every part starts at its own row: {starts:?}"
+    );
 }
 
 /// The one op of `r` was rewritten with equarx's Mosaic kernels.
