@@ -439,13 +439,13 @@ fn fuse_emitted(
     }
     outlined = merge_siblings(c, outlined, &by_id, &copied, rules)?;
     if tasks > 1 {
+        let bytes = |ids: &[i64]| -> u64 {
+            ids.iter()
+                .filter_map(|p| by_id.get(p)?.shape.as_ref())
+                .filter_map(shape::byte_size)
+                .sum()
+        };
         for o in outlined.iter_mut() {
-            let bytes = |ids: &[i64]| -> u64 {
-                ids.iter()
-                    .filter_map(|p| by_id.get(p)?.shape.as_ref())
-                    .filter_map(shape::byte_size)
-                    .sum()
-            };
             // A multi-output fusion's roots share one shape: its tasks
             // split that shape, each writing its part of every root.
             let accessed = bytes(&o.params) + bytes(&o.roots[1..]);
