@@ -162,7 +162,10 @@ impl Emitter<'_, '_, '_> {
             .map(|k| {
                 // Dynamic slices at a constant row, which `outline-fusions`
                 // passes in: the P parts' fusions are alike, one kernel for
-                // XLA:CPU to compile, where static slices made P.
+                // XLA:CPU to compile, where static slices made P. The rows
+                // are constants of their own, not the emitter's shared ones
+                // (`s32c`): a shared one that anything else reads would be
+                // copied into the fusion, and the parts would differ again.
                 let at = self.b.s32_scalar(k as i32);
                 let mut row = |x: &Value| {
                     let mut sizes = x.dims().to_vec();
