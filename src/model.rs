@@ -39,12 +39,12 @@ pub struct ModelArgs {
 pub fn run(a: ModelArgs) -> Result<()> {
     let o = a.pass.options()?.pass;
     // A named stage charges what the pass charges there (`--stage tiled`:
-    // XLA:TPU's hook; on XLA:TPU, unless `--kernels hlo`, the Mosaic
-    // kernels' plan where it is predicted faster).
-    let (topology, mosaic) = match o.stage {
+    // XLA:TPU's hook; on XLA:TPU and XLA:GPU, unless `--kernels hlo`,
+    // equarx's own kernels' plan where it is predicted faster).
+    let (topology, own) = match o.stage {
         Some(stage) => {
             let c = charges(&o, stage);
-            (c.hlo.topology_for(c.platform), c.mosaic)
+            (c.hlo.topology_for(c.platform), c.own)
         }
         None => (o.stated_topology(), None),
     };
@@ -81,11 +81,11 @@ pub fn run(a: ModelArgs) -> Result<()> {
         k.phase,
         topology.kernel_latency_us
     );
-    if let Some(m) = &mosaic {
+    if let Some((kind, m)) = &own {
         let k = m.topology_for(Platform::Tpu).kernels;
         say!(
-            "kernels: equarx's own Mosaic kernels for the all-reduces they take (two-shot), {} \
-             per phase and {} per op, their codes in unpadded rows; a row says (mosaic) where \
+            "kernels: equarx's own {kind} kernels for the all-reduces they take (two-shot), {} \
+             per phase and {} per op, their codes in unpadded rows; a row says ({kind}) where \
              they are predicted faster (an operand they cannot take keeps the HLO form: see the \
              report)",
             k.phase,
@@ -110,7 +110,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
         ("plan", Left),
     ]);
     for &bytes in &a.sizes {
-        let (plan, p) = model_bf16(a.group_size, bytes, &o, &topology, mosaic.as_ref())
+        let (plan, p) = model_bf16(a.group_size, bytes, &o, &topology, own.as_ref())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let rotation = match plan.config.rotation {
             Rotation::Hadamard => " + hadamard",
@@ -130,8 +130,8 @@ pub fn run(a: ModelArgs) -> Result<()> {
                 "{}{rotation}{}",
                 plan.config.algorithm,
                 match plan.config.kernels {
-                    Kernels::Mosaic => " (mosaic)",
-                    Kernels::Hlo => "",
+                    Kernels::Hlo => String::new(),
+                    kind => format!(" ({kind})"),
                 }
             ),
         ]);
@@ -148,14 +148,14 @@ fn plot_speedups(a: &ModelArgs, options: &Options, path: &Path) -> Result<()> {
 /// The plan the pass chooses for a bf16 all-reduce of `bytes` over `p`
 /// ranks on topology `t` (the rewrite forced, so a plan comes back even
 /// where it would not pay), and its predicted times: this command's rows.
-/// With `mosaic` (the options that charge equarx's Mosaic kernels,
+/// With `own` (equarx's own kernels and the options that charge them,
 /// [`charges`]), the kernels' plan where it is predicted faster.
 pub fn model_bf16(
     p: usize,
     bytes: u64,
     options: &Options,
     t: &Topology,
-    mosaic: Option<&Options>,
+    own: Option<&(Kernels, Options)>,
 ) -> Result<(Plan, Prediction), SkipReason> {
     let options = Options {
         topology: Some(t.clone()),
@@ -169,13 +169,13 @@ pub fn model_bf16(
         mantissa_bits: 7,
     };
     let hlo = choose_plan(p, &payload, true, Data::Prior, &options);
-    let choice = match mosaic {
-        Some(m) => faster(hlo, choose_plan(p, &payload, true, Data::Prior, m))?,
+    let choice = match own {
+        Some((kind, m)) => faster(hlo, choose_plan(p, &payload, true, Data::Prior, m), *kind)?,
         None => hlo?,
     };
-    let charged = match (choice.plan.config.kernels, mosaic) {
-        (Kernels::Mosaic, Some(m)) => m.topology.as_ref().unwrap_or(t),
-        _ => t,
+    let charged = match (choice.plan.config.kernels, own) {
+        (Kernels::Hlo, _) | (_, None) => t,
+        (_, Some((_, m))) => m.topology.as_ref().unwrap_or(t),
     };
     let prediction = predict(charged, &choice.plan, bytes, 2.0);
     Ok((choice.plan, prediction))

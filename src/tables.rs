@@ -119,6 +119,7 @@ pub fn plan_cell(p: &PlanSummary) -> String {
     };
     let kernels = match p.config.kernels {
         Kernels::Mosaic => "/mosaic",
+        Kernels::Triton => "/triton",
         Kernels::Hlo => "",
     };
     format!("{}{rotation}{form}{kernels}", p.algorithm)

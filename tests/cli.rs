@@ -858,7 +858,7 @@ fn mosaic_kernels_where_they_fit_and_the_reason_where_not() {
                 "--min-payload",
                 "0",
             ],
-            "XLA:TPU's, not gpu's",
+            "mosaic kernels are not gpu's (its own are triton)",
         ),
     ] {
         let (_, op, text) = rewrite("mosaic", &extra);

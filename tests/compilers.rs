@@ -280,11 +280,21 @@ fn main() {
                             "options": {"min_payload_bytes": 0, "algorithm": algorithm,
                                         "rotation": rotation, "quant_format": format},
                         }),
+                        // XLA:GPU's default: its Triton kernels, which
+                        // take int8 two-shot (256 rows a device are not
+                        // the Mosaic kernels' 128·P).
                         expect: Want::Plan {
                             algorithm: algorithm.to_string(),
                             rotation: rotation.to_string(),
                             platform: platform(topology),
-                            kernels: "hlo",
+                            kernels: if platform(topology) == "gpu"
+                                && algorithm == "two-shot"
+                                && format == "int8"
+                            {
+                                "triton"
+                            } else {
+                                "hlo"
+                            },
                         },
                     });
                 }
@@ -386,6 +396,43 @@ fn main() {
             });
         }
     }
+    // equarx's own Triton kernels for XLA:GPU (`emit/triton.rs`): the
+    // psum's two-shot, an all-gather and a reduce-scatter, through both
+    // doors, h100 × 4 and × 8.
+    let triton = [
+        ("h100x4", 4, "none"),
+        ("h100x4", 4, "hadamard"),
+        ("h100x8", 8, "hadamard"),
+    ];
+    for (topology, devices, rotation) in triton {
+        for door in ["before", "hook"] {
+            for (program, planned, rows) in [
+                ("psum", "two-shot", 64 * devices),
+                ("all_gather", "gather", 64),
+                ("reduce_scatter", "two-shot", 64 * devices),
+            ] {
+                let prefix = if door == "hook" { "hook" } else { "before_xla" };
+                let mut options = json!({"min_payload_bytes": 0, "rotation": rotation,
+                                         "quant_format": "int8", "kernels": "triton"});
+                if planned == "two-shot" {
+                    options["algorithm"] = json!("two-shot");
+                }
+                batches.entry(topology.to_string()).or_default().push(Job {
+                    name: format!("{prefix}::{program}+{rotation}+int8+triton@{topology}"),
+                    spec: json!({
+                        "program": program, "devices": devices, "rows": rows, "cols": 1024,
+                        "door": door, "options": options,
+                    }),
+                    expect: Want::Plan {
+                        algorithm: planned.to_string(),
+                        rotation: rotation.to_string(),
+                        platform: "gpu",
+                        kernels: "triton",
+                    },
+                });
+            }
+        }
+    }
     // P = 3 carries an odd part through the sum's halves; P = 8 adds three
     // levels of them; 1024 columns are two groups of the grid.
     for (rotation, devices, shape) in [
@@ -398,7 +445,7 @@ fn main() {
             format!(
                 "kernels::two-shot+{rotation}@P={devices} (Mosaic text against equarx's emission)"
             ),
-            move || kernel_check("psum", rotation, devices, shape).map_err(Failed::from),
+            move || kernel_check("psum", rotation, devices, shape, false).map_err(Failed::from),
         ));
     }
     for (collective, rotation, devices, shape) in [
@@ -414,7 +461,28 @@ fn main() {
                 "kernels::{collective}+{rotation}@P={devices} (Mosaic text against equarx's \
                  emission)"
             ),
-            move || kernel_check(collective, rotation, devices, shape).map_err(Failed::from),
+            move || kernel_check(collective, rotation, devices, shape, false).map_err(Failed::from),
+        ));
+    }
+    // The Triton kernels' text run on the host against equarx's XLA:GPU
+    // emission: P = 6 carries an odd part through the sum's halves, P = 8
+    // three levels of them.
+    for (collective, rotation, devices, shape) in [
+        ("psum", "hadamard", 4, "256,640"),
+        ("psum", "none", 4, "256,640"),
+        ("psum", "hadamard", 6, "384,512"),
+        ("psum", "hadamard", 8, "256,1024"),
+        ("all-gather", "hadamard", 4, "64,1024"),
+        ("all-gather", "none", 8, "64,512"),
+        ("reduce-scatter", "hadamard", 4, "256,640"),
+        ("reduce-scatter", "none", 6, "384,512"),
+    ] {
+        trials.push(Trial::test(
+            format!(
+                "kernels::{collective}+{rotation}@P={devices} (Triton text against equarx's \
+                 emission)"
+            ),
+            move || kernel_check(collective, rotation, devices, shape, true).map_err(Failed::from),
         ));
     }
     trials.push(Trial::test(
@@ -457,12 +525,15 @@ fn main() {
 /// the text libtpu compiles (run by `tests/compilers/mosaic.py`) and in
 /// Pallas's interpreter (an all-gather's two: equarx's), bit for bit
 /// against equarx's HLO emission of the same plan for XLA:TPU on P XLA:CPU
-/// devices: the kernels' XLA:CPU twin.
+/// devices: the kernels' XLA:CPU twin. With `triton`, equarx's Triton
+/// kernels (`kernels=triton`, run by `tests/compilers/triton.py`) against
+/// its emission for XLA:GPU.
 fn kernel_check(
     collective: &str,
     rotation: &str,
     devices: usize,
     shape: &str,
+    triton: bool,
 ) -> Result<(), String> {
     let py = common::venv(common::Venv::Compilers)?;
     let repo = common::repo();
@@ -479,13 +550,20 @@ fn kernel_check(
     if rotation == "none" {
         cmd.arg("--no-rotation");
     }
+    if triton {
+        cmd.arg("--triton");
+    }
     let out = cmd
         .env("PYTHONPATH", repo.join("python"))
         .env("EQUARX_LIB", doors::cdylib())
         .output()
         .map_err(|e| format!("run kernel_probe.py: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let sides = if collective == "psum" { 3 } else { 1 };
+    let sides = if collective == "psum" && !triton {
+        3
+    } else {
+        1
+    };
     if out.status.success() && stdout.matches("differing bits 0 ").count() == sides {
         return Ok(());
     }
@@ -776,6 +854,20 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
                     "{name}: expected the one op rewritten as {algorithm}+{rotation} for {platform} \
                      (the door passes the platform it lowered for), {kernels} kernels, with \
                      quantized codes on the wire; {}",
+                    summary()
+                ));
+            }
+            // XLA:GPU compiles each Triton call as one kernel and the rest
+            // is collectives and views: a kernel a step, issue 27's goal.
+            let steps = if job.spec["program"] == json!("psum") {
+                3
+            } else {
+                2
+            };
+            if *kernels == "triton" && got["kernels"] != json!(steps) {
+                return Err(format!(
+                    "{name}: XLA:GPU compiled {} kernels of the Triton plan, not {steps}; {}",
+                    got["kernels"],
                     summary()
                 ));
             }

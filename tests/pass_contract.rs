@@ -357,11 +357,14 @@ fn by_default_the_cost_model_decides_and_a_threshold_overrides_it() {
 #[test]
 fn unless_told_the_cost_model_prices_xla_gpu_as_an_h100_node_and_the_others_as_v5e() {
     // 32 MiB of bf16 at P = 8: above v5e's break-even, below an H100
-    // node's, so the two defaults decide differently.
+    // node's, so the two defaults decide differently. The HLO emission's
+    // kernels on every platform (with XLA:GPU's own Triton kernels the
+    // H100 node breaks even below 32 MiB).
     let (m, counts) = psum_of(&[4096, 4096]);
     let priced = |platform, topology: Option<&str>| {
         let mut o = RewriteOptions::default();
         o.pass.stage = Some(Stage::PreFusion);
+        o.pass.kernels = Some(equarx::plan::Kernels::Hlo);
         o.pass.platform = Some(platform);
         o.pass.topology = topology.map(|t| equarx::cost::Topology::parse(t).unwrap());
         let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
@@ -682,9 +685,10 @@ fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
 }
 
 #[test]
-fn by_default_xla_tpu_gets_the_mosaic_kernels_where_they_take_the_op() {
-    // `kernels` auto: on XLA:TPU the kernels' two-shot where they take the
-    // operand, HLO with the reason where not; XLA:CPU and XLA:GPU get HLO
+fn by_default_xla_tpu_and_xla_gpu_get_their_own_kernels_where_they_take_the_op() {
+    // `kernels` auto: on XLA:TPU the Mosaic kernels' two-shot and on XLA:GPU
+    // the Triton kernels' where they take the operand, HLO with the reason
+    // where not; XLA:CPU gets HLO
     // and no word about Mosaic.
     let rewrite = |dims: &[i64], platform, algorithm| {
         let (m, counts) = psum_of(dims);
@@ -701,21 +705,26 @@ fn by_default_xla_tpu_gets_the_mosaic_kernels_where_they_take_the_op() {
     };
     use equarx::Platform::{Cpu, Gpu, Tpu};
     use equarx::plan::Algorithm::{Ring, TwoShot};
-    use equarx::plan::Kernels::{Hlo, Mosaic};
+    use equarx::plan::Kernels::{Hlo, Mosaic, Triton};
     assert_eq!(
         rewrite(&[1024, 1024], Tpu, TwoShot),
         (Mosaic, String::new())
     );
-    for platform in [Cpu, Gpu] {
-        assert_eq!(
-            rewrite(&[1024, 1024], platform, TwoShot),
-            (Hlo, String::new())
-        );
-    }
+    assert_eq!(
+        rewrite(&[1024, 1024], Gpu, TwoShot),
+        (Triton, String::new())
+    );
+    assert_eq!(rewrite(&[1024, 1024], Cpu, TwoShot), (Hlo, String::new()));
     let (kernels, reason) = rewrite(&[1000, 1000], Tpu, TwoShot);
     assert_eq!(kernels, Hlo);
     assert!(
         reason.contains("HLO kernels, not Mosaic") && reason.contains("multiple of 128"),
+        "{reason}"
+    );
+    let (kernels, reason) = rewrite(&[1000, 1000], Gpu, TwoShot);
+    assert_eq!(kernels, Hlo);
+    assert!(
+        reason.contains("HLO kernels, not Triton") && reason.contains("multiple of 16384"),
         "{reason}"
     );
     // A plan the kernels do not write is no news.

@@ -518,6 +518,117 @@ def check_collective(collective, rows, cols, rotation, n):
     return int(values.sum())
 
 
+def triton_calls(lowered):
+    """The Triton calls of a lowered module, in program order: (IR text,
+    grid_x) each."""
+    sys.path.insert(0, os.path.join(compilers.REPO, "tests/compilers"))
+    import triton as interpreter
+    from jax._src.lib.mlir import ir
+    module = lowered.compiler_ir("stablehlo")
+    calls = []
+    with module.context:
+        for op in walk(module.operation):
+            if op.name != "stablehlo.custom_call" or \
+                    "__gpu$xla.gpu.triton" not in str(op.attributes["call_target_name"]):
+                continue
+            key = "mhlo.backend_config" if "mhlo.backend_config" in op.attributes else "backend_config"
+            config = op.attributes[key]
+            if isinstance(config, ir.StringAttr) or str(config).startswith('"'):
+                text = ir.StringAttr(config).value
+                calls.append((re.search(r'ir = "((?:[^"\\]|\\.)*)"', text).group(1),
+                              interpreter.grid_of(text)))
+                continue
+            config = ir.DictAttr(config)
+            fields = {config[i].name: config[i].attr for i in range(len(config))}
+            calls.append((ir.StringAttr(fields["ir"]).value,
+                          int(str(fields["grid_x"]).split(":")[0])))
+    return calls
+
+
+def check_triton(collective, rows, cols, rotation, n):
+    """equarx's Triton kernels (`kernels=triton`, written for XLA:GPU) of a
+    psum, an all-gather or a reduce-scatter of each device's `[rows, C]`
+    (along its rows), each run by `tests/compilers/triton.py`, the
+    collectives between them done here in numpy, against equarx's HLO
+    emission of the same plan for XLA:GPU on `n` XLA:CPU devices, bit for
+    bit, every device's result. Returns the count of elements that differ."""
+    import jax
+    import ml_dtypes
+    import numpy as np
+    import equarx.jax
+    from jax.sharding import PartitionSpec as P
+    sys.path.insert(0, os.path.join(compilers.REPO, "tests/compilers"))
+    import triton as interpreter
+    mesh, x = check_input(rows, cols, n)
+    body = {"psum": lambda a: jax.lax.psum(a, "x"),
+            "all-gather": lambda a: jax.lax.all_gather(a, "x", tiled=True),
+            "reduce-scatter": lambda a: jax.lax.psum_scatter(a, "x", tiled=True)}[collective]
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                    check_vma=False))
+    options = dict(platform="gpu", quant_format="int8", block_size=64, scale_type="bf16",
+                   rotation="hadamard" if rotation else "none", min_payload_bytes=0)
+    if collective != "all-gather":
+        options["algorithm"] = "two-shot"
+    rewritten = equarx.jax.rewrite_lowered(program.lower(x), kernels="hlo", **options)
+    print("equarx's plan: %s" % json_plan(equarx.jax.last_report()))
+    theirs = np.asarray(rewritten.compile()(x)).astype(np.float32)
+    emitted = equarx.jax.rewrite_lowered(program.lower(x), kernels="triton", **options)
+    if json_plan(equarx.jax.last_report()).find('"kernels": "triton"') < 0:
+        raise SystemExit("equarx did not write Triton kernels: %s" % equarx.jax.last_report())
+    calls = triton_calls(emitted)
+    want = 3 if collective == "psum" else 2
+    if len(calls) != want:
+        raise SystemExit("equarx wrote %d Triton kernels for the %s, not %d" % (
+            len(calls), collective, want))
+    h = [hadamard(64)] if rotation else []
+    xs, bf16 = np.asarray(x), ml_dtypes.bfloat16
+    nb = rows * cols // 64  # a device's block rows
+
+    def call(k, inputs, outputs):
+        ir_text, grid = calls[k]
+        return interpreter.run(ir_text, grid, inputs, outputs)
+
+    def quantize(d, r):
+        return call(0, [xs[d * rows:(d + 1) * rows].reshape(r, 64)] + h,
+                    [np.zeros((r, 64), np.int8), np.zeros((r,), bf16)])
+
+    if collective == "all-gather":
+        sent = [quantize(d, nb) for d in range(n)]
+        codes = np.concatenate([c for c, _ in sent])
+        scales = np.concatenate([s for _, s in sent])
+        out = call(1, [codes, scales] + h, [np.zeros((n * nb, 64), bf16)])[0]
+        mine = np.concatenate([out.reshape(n * rows, cols)] * n).astype(np.float32)
+    else:
+        m = nb // n
+        sent = [quantize(d, nb) for d in range(n)]
+        summed = []
+        for d in range(n):
+            codes = np.stack([c.reshape(n, m, 64)[d] for c, _ in sent])
+            scales = np.stack([s.reshape(n, m)[d] for _, s in sent])
+            if collective == "psum":
+                summed.append(call(1, [codes, scales], [np.zeros((m, 64), np.int8),
+                                                        np.zeros((m,), bf16)]))
+            else:
+                summed.append(call(1, [codes, scales] + h, [np.zeros((m, 64), bf16)])[0])
+        if collective == "psum":
+            codes = np.concatenate([c for c, _ in summed])
+            scales = np.concatenate([s for _, s in summed])
+            out = call(2, [codes, scales] + h, [np.zeros((nb, 64), bf16)])[0]
+            mine = np.concatenate([out.reshape(rows, cols)] * n).astype(np.float32)
+        else:
+            mine = np.concatenate(summed).reshape(n * rows // n, cols).astype(np.float32)
+    bits = mine.view(np.uint32) != theirs.view(np.uint32)
+    values = bits & ~(np.isnan(mine) & np.isnan(theirs))
+    replicas = collective == "reduce-scatter" or all(
+        np.array_equal(r.view(np.uint32), theirs.reshape(n, -1)[0].view(np.uint32))
+        for r in theirs.reshape(n, -1))
+    print("%-18s elements %d, differing bits %d (NaN payloads aside: %d), non-finite %d "
+          "(equarx %d), replicas identical %s" % (
+              "equarx's Triton", mine.size, bits.sum(), values.sum(), (~np.isfinite(mine)).sum(),
+              (~np.isfinite(theirs)).sum(), replicas))
+    return int(values.sum())
+
+
 def mosaic_text_psum(bodies, x, n, tm, form, matrix):
     """The two-shot psum of `x` (`[n·rows, C]`, device k's rows the k-th
     run) from the three kernels' Mosaic bodies (quantize, sum, dequantize),
@@ -581,6 +692,9 @@ def main(argv=None):
     ap.add_argument("--equarx", action="store_true",
                     help="a third side: equarx's own rewrite before XLA (the topology's defaults, "
                          "min_payload_bytes=0; python/ on PYTHONPATH, EQUARX_LIB its library)")
+    ap.add_argument("--triton", action="store_true",
+                    help="--check: equarx's Triton kernels for XLA:GPU (kernels=triton) against "
+                         "its XLA:GPU emission, instead of the TPU kernels")
     ap.add_argument("--check", action="store_true",
                     help="instead of compiling: run the TPU kernels in Pallas's interpreter on P "
                          "XLA:CPU devices against equarx's XLA:TPU emission, bit for bit (python/ on "
@@ -608,7 +722,9 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=%d" % args.devices)
         rows, cols = (int(v) for v in args.shape.split(","))
-        if args.collective != "psum":
+        if args.triton:
+            differ = check_triton(args.collective, rows, cols, rotation, args.devices)
+        elif args.collective != "psum":
             differ = check_collective(args.collective, rows, cols, rotation, args.devices)
         else:
             differ = check(rows, cols, tm, args.scales, rotation, args.devices)

@@ -74,22 +74,26 @@
  *       tiling assignment (--stage tiled), cpu past fusion (--stage fused),
  *       else the --topology's (v5e, v6e, v5p: tpu; h100, h200: gpu). The JAX
  *       door before XLA passes the platform it lowered for.
- *   kernels  auto|hlo|mosaic (default: auto):
+ *   kernels  auto|hlo|mosaic|triton (default: auto):
  *       Who writes the kernels of a rewrite's compute steps: hlo (the pass
  *       emits HLO ops and the compiler fuses them), mosaic (XLA:TPU, before
- *       XLA or at its hook: the pass writes two-shot's quantize,
+ *       XLA or at its hook) or triton (XLA:GPU, before XLA or at its hook,
+ *       which is before its fusion): the pass writes two-shot's quantize,
  *       dequantize-sum-requantize and dequantize, its reduce-scatter's
  *       quantize and dequantize-sum, and an all-gather's quantize and
- *       dequantize, as one Mosaic kernel each; int8, B = 64, bf16 scales, an
- *       operand whose last dimension is a multiple of 128 up to 4096 or of
- *       512 and whose rows are a multiple of 128·P, P <= 8 (an all-gather:
- *       128 rows a rank, any P), scattered or gathered whole rows; at the
- *       hook laid out as libtpu lays it out), or auto (the default): on
- *       XLA:TPU mosaic where the kernels take the op and the time model
- *       predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU
- *       and XLA:GPU. An op mosaic cannot take keeps hlo, and the report says
- *       why; a forced ring or two-level keeps the all-reduces and
- *       reduce-scatters in hlo, not the all-gathers, which have no algorithm.
+ *       dequantize, as one kernel each; int8, B = 64, bf16 scales. mosaic
+ *       takes an operand whose last dimension is a multiple of 128 up to 4096
+ *       or of 512 and whose rows are a multiple of 128·P, P <= 8 (an
+ *       all-gather: 128 rows a rank, any P), scattered or gathered whole
+ *       rows, at the hook laid out as libtpu lays it out; triton an operand
+ *       of a multiple of 2048·P elements, P <= 16 (an all-gather: 2048
+ *       elements a rank, any P), scattered or gathered whole runs. auto (the
+ *       default): on XLA:TPU mosaic and on XLA:GPU triton where the kernels
+ *       take the op and the time model predicts them faster than the hlo
+ *       plan, hlo otherwise and on XLA:CPU. An op the kernels cannot take
+ *       keeps hlo, and the report says why; a forced ring or two-level keeps
+ *       the all-reduces and reduce-scatters in hlo, not the all-gathers,
+ *       which have no algorithm.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per

@@ -332,7 +332,9 @@ def enable(
     in HLO, equarx outlines only the fusions libtpu's emitter takes and a
     block's int8 codes sit in padded tile rows (about the original's bytes
     on the wire), so the cost model skips such an op unless forced
-    (``min_payload=0``). With one
+    (``min_payload=0``). On XLA:GPU equarx writes the same steps as Triton
+    kernels of its own by default (3 kernels an op, where XLA:GPU makes 9
+    of the HLO emission). With one
     platform and no ``platform`` option, equarx emits for that platform. They are
     checked now: invalid ones raise :class:`equarx.EquarxError` with
     equarx's message, and what was registered stays.

@@ -32,9 +32,10 @@ def _dtype(name):
 
 
 def _type(t):
-    """`vector<32x128xf32>`, `memref<..>`, `f32`, `index` -> (shape, dtype)."""
+    """`vector<32x128xf32>`, `memref<..>`, `tensor<..>`, `f32`, `index` -> (shape,
+    dtype)."""
     t = str(t)
-    m = re.fullmatch(r"(?:vector|memref)<((?:\d+x)*)(\w+)(?:,.*)?>", t)
+    m = re.fullmatch(r"(?:vector|memref|tensor)<((?:\d+x)*)(\w+)(?:,.*)?>", t)
     if m:
         dims = tuple(int(d) for d in m.group(1).split("x") if d)
         return dims, _dtype(m.group(2))

@@ -160,6 +160,20 @@ pub const MOSAIC_KERNELS: Kernels = Kernels {
     source: "equarx's own Mosaic kernels, as libtpu 0.0.42.1 compiled them",
 };
 
+/// The kernels of the plans equarx writes as Triton kernels
+/// (`kernels=triton`, XLA:GPU): as [`MOSAIC_KERNELS`], one a phase and
+/// the dequantize once an op, which is what XLA:GPU (jax-cuda12-plugin
+/// 0.10.2, h100 × 4) compiled of them: each custom call one kernel, and
+/// nothing else but the collectives and bitcasts (BENCHMARKS.md, "equarx's
+/// own Triton kernels").
+pub const TRITON_KERNELS: Kernels = Kernels {
+    ring_hop: 0.0,
+    ring_phase: 0.0,
+    phase: 1.0,
+    op: 1.0,
+    source: "equarx's own Triton kernels, as XLA:GPU (jax-cuda12-plugin 0.10.2) compiled them",
+};
+
 /// XLA:GPU (jax-cuda12-plugin 0.10.2, h100 × 4 and × 8, the hook): the
 /// ring's loop body is 6 kernels and its condition 1, for 2 lanes (a
 /// quantize per lane, one add-and-absmax for both, the counter and the

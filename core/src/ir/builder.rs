@@ -799,13 +799,17 @@ impl<'m> Builder<'m> {
 
     /// A `custom-call` to `target` with `backend_config`, of `result`
     /// (an array or a tuple), every operand and result laid out row-major
-    /// and held to it (`constrain_layout`), as JAX lowers a kernel's call.
+    /// and held to it (`constrain_layout`), as JAX lowers a kernel's call;
+    /// `api_version` is the proto's `CustomCallApiVersion` (1, the
+    /// original, for a `tpu_custom_call`; 4, typed FFI, for XLA:GPU's
+    /// Triton call).
     pub fn custom_call(
         &mut self,
         target: &str,
         operands: &[&Value],
         mut result: ShapeProto,
         backend_config: Vec<u8>,
+        api_version: i32,
     ) -> Value {
         with_layouts(&mut result);
         let mut i = Self::op_with_shape(Opcode::CustomCall, result);
@@ -824,8 +828,7 @@ impl<'m> Builder<'m> {
                 s
             })
             .collect();
-        // API_VERSION_ORIGINAL, what JAX gives a `tpu_custom_call`.
-        i.custom_call_api_version = 1;
+        i.custom_call_api_version = api_version;
         self.add(i, operands)
     }
 

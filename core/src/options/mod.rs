@@ -136,10 +136,10 @@ pub struct Options {
     /// others.
     pub profile: Option<ProfileFile>,
     /// Who writes the compute steps' kernels ([`Kernels`]); `None`: auto,
-    /// equarx's own Mosaic kernels on XLA:TPU where they take the plan and
-    /// the operand, HLO everywhere else. Where Mosaic is asked for or
-    /// picked and cannot take an op, the pass emits HLO and the report says
-    /// why.
+    /// equarx's own kernels (Mosaic on XLA:TPU, Triton on XLA:GPU) where
+    /// they take the plan and the operand and are predicted faster, HLO
+    /// everywhere else. Where they are asked for or picked and cannot take
+    /// an op, the pass emits HLO and the report says why.
     pub kernels: Option<Kernels>,
 }
 

@@ -377,19 +377,21 @@ pub static OPTIONS: &[OptionSpec] = &[
         aliases: &[],
         syntax: Syntax::Choice(auto_names::<Kernels>),
         help: "Who writes the kernels of a rewrite's compute steps: hlo (the pass emits HLO \
-               ops and the compiler fuses them), mosaic (XLA:TPU, before XLA or at its hook: \
-               the pass writes two-shot's quantize, dequantize-sum-requantize and dequantize, \
-               its reduce-scatter's quantize and dequantize-sum, and an all-gather's quantize \
-               and dequantize, as one Mosaic kernel each; int8, B = 64, bf16 scales, an \
+               ops and the compiler fuses them), mosaic (XLA:TPU, before XLA or at its hook) or \
+               triton (XLA:GPU, before XLA or at its hook, which is before its fusion): the pass \
+               writes two-shot's quantize, dequantize-sum-requantize and dequantize, its \
+               reduce-scatter's quantize and dequantize-sum, and an all-gather's quantize and \
+               dequantize, as one kernel each; int8, B = 64, bf16 scales. mosaic takes an \
                operand whose last dimension is a multiple of 128 up to 4096 or of 512 and \
-               whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 rows a rank, any P), \
-               scattered or gathered whole rows; at the hook laid out as libtpu lays it out), \
-               or auto (the \
-               default): on XLA:TPU mosaic where the kernels take the op and the time model \
-               predicts them faster than the hlo plan, hlo otherwise; hlo on XLA:CPU and \
-               XLA:GPU. An op mosaic cannot take keeps hlo, and the report says why; a forced \
-               ring or two-level keeps the all-reduces and reduce-scatters in hlo, not the \
-               all-gathers, which have no algorithm.",
+               whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 rows a rank, any \
+               P), scattered or gathered whole rows, at the hook laid out as libtpu lays it \
+               out; triton an operand of a multiple of 2048·P elements, P <= 16 (an \
+               all-gather: 2048 elements a rank, any P), scattered or gathered whole runs. \
+               auto (the default): on XLA:TPU mosaic and on XLA:GPU triton where the kernels \
+               take the op and the time model predicts them faster than the hlo plan, hlo \
+               otherwise and on XLA:CPU. An op the kernels cannot take keeps hlo, and the \
+               report says why; a forced ring or two-level keeps the all-reduces and \
+               reduce-scatters in hlo, not the all-gathers, which have no algorithm.",
         why: "libtpu makes 7 (at its hook) to 14 kernels an op of the HLO form; as one \
               Mosaic kernel a step the same arithmetic is 3, and v5e:2x2 compiles an 8 MiB \
               psum in 2.6x the original's time instead of 15.2x, a TP MLP in 1.19x instead \
@@ -397,12 +399,13 @@ pub static OPTIONS: &[OptionSpec] = &[
               instead of 1.75x; an all-gather or a reduce-scatter is 2 kernels instead of 8 \
               or 10 (a lone one compiles in 2.8x or 1.0x the original's time instead of \
               15.9x or 12.3x); at the hook the HLO form's codes travel in padded 128-byte \
-              tile rows, the kernels' do not ([BENCHMARKS.md](../BENCHMARKS.md)). No TPU \
-              runs the kernels here: their text runs on the host against the HLO emission, \
-              bit for bit; hlo keeps the emission XLA:CPU runs",
+              tile rows, the kernels' do not. XLA:GPU makes 9 kernels of the HLO form's \
+              two-shot and 3 of the Triton kernels ([BENCHMARKS.md](../BENCHMARKS.md)). No \
+              TPU or GPU runs the kernels here: their text runs on the host against the HLO \
+              emission, bit for bit; hlo keeps the emission XLA:CPU runs",
         unset: "",
         example: "mosaic",
-        refused: Some(("triton", "\"triton\" is not one of")),
+        refused: Some(("cuda", "\"cuda\" is not one of")),
         set: |o, v| {
             o.pass.kernels = auto_choice(v)?;
             Ok(())

@@ -101,14 +101,17 @@ impl Wire {
 crate::choice_enum! {
     /// Who writes the kernels of a rewrite's compute steps: XLA's fusion,
     /// from the HLO the pass emits; or the pass itself, as Mosaic kernels
-    /// XLA:TPU compiles (one a step; `emit/mosaic.rs`), where the plan and
-    /// the operand allow, before XLA or at XLA:TPU's hook (the options'
-    /// default there, `Options::kernels`).
+    /// XLA:TPU compiles or Triton kernels XLA:GPU compiles (one a step;
+    /// `emit/mosaic.rs`, `emit/triton.rs`), where the plan and the operand
+    /// allow (the options' default on those compilers, `Options::kernels`).
     pub enum Kernels {
         /// HLO ops, fused by the compiler.
         Hlo = "hlo",
         /// One Mosaic kernel a step (`tpu_custom_call`), XLA:TPU only.
         Mosaic = "mosaic",
+        /// One Triton kernel a step (`__gpu$xla.gpu.triton`), XLA:GPU
+        /// only, before its fusion.
+        Triton = "triton",
     }
 }
 

@@ -50,7 +50,9 @@ use skip::SkipReason;
 use splice::{Reducers, Site, splice};
 
 use super::{Pass, PassError, Platform, Stage, outline_fusions};
-use crate::cost::{MOSAIC_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS, Topology};
+use crate::cost::{
+    MOSAIC_KERNELS, TILED_WIRE_ROW_BYTES, TPU_HOOK_KERNELS, TRITON_KERNELS, Topology,
+};
 use crate::ir::opcode::Opcode;
 use crate::ir::{CompId, DeviceCounts, Edits, Module};
 use crate::numerics::error::Data;
@@ -67,10 +69,10 @@ pub const OLD_NAME: &str = "quantized-all-reduce";
 /// to every collective it looked at.
 pub struct QuantizeCollectives {
     options: Options,
-    /// The options whose time model charges Mosaic kernels, where equarx
-    /// writes them (XLA:TPU, `kernels` auto or mosaic): see
-    /// [`QuantizeCollectives::choose_emitted`].
-    mosaic: Option<Options>,
+    /// equarx's own kernels and the options whose time model charges them,
+    /// where it writes them (XLA:TPU's Mosaic, XLA:GPU's Triton; `kernels`
+    /// auto or that kind): see [`QuantizeCollectives::choose_emitted`].
+    own: Option<(Kernels, Options)>,
     counts: DeviceCounts,
     stage: Stage,
     platform: Platform,
@@ -90,45 +92,70 @@ fn charged_at(topology: &Topology, stage: Stage) -> Topology {
     t
 }
 
-/// The options under which the time model charges equarx's own Mosaic
-/// kernels (`emit/mosaic.rs`) on XLA:TPU: `options` (as [`charged_at`]
-/// left them) with two-shot, the one algorithm of the all-reduces and
-/// reduce-scatters the kernels write, where the options leave the
-/// algorithm to the pass (a forced one stays: it keeps those ops' plans
-/// from the kernels, not an all-gather's, which has none), the kernels'
-/// counts
-/// ([`MOSAIC_KERNELS`]) and the codes in unpadded rows of 128 lanes. An
-/// error says why the kernels are not in play: not XLA:TPU, `kernels=hlo`,
-/// or options that rule out the plan they take.
-fn mosaic_charges(options: &Options, platform: Platform) -> Result<Options, String> {
-    if platform != Platform::Tpu {
-        return Err(format!("Mosaic kernels are XLA:TPU's, not {platform}'s"));
+/// The kernels equarx writes itself for `platform`'s compiler: Mosaic for
+/// XLA:TPU, Triton for XLA:GPU; none for XLA:CPU.
+pub fn own_kernels(platform: Platform) -> Option<Kernels> {
+    match platform {
+        Platform::Tpu => Some(Kernels::Mosaic),
+        Platform::Gpu => Some(Kernels::Triton),
+        Platform::Cpu => None,
     }
-    if options.kernels == Some(Kernels::Hlo) {
-        return Err("kernels=hlo".into());
+}
+
+/// The options under which the time model charges equarx's own kernels
+/// (`emit/mosaic.rs` on XLA:TPU, `emit/triton.rs` on XLA:GPU): `options`
+/// (as [`charged_at`] left them) with two-shot, the one algorithm of the
+/// all-reduces and reduce-scatters the kernels write, where the options
+/// leave the algorithm to the pass (a forced one stays: it keeps those
+/// ops' plans from the kernels, not an all-gather's, which has none), the
+/// kernels' counts ([`MOSAIC_KERNELS`], [`TRITON_KERNELS`]) and the codes
+/// in unpadded rows. An error says why the kernels are not in play: XLA:CPU,
+/// `kernels=hlo` or the other compiler's kind, or options that rule out
+/// the plan they take.
+fn own_charges(options: &Options, platform: Platform) -> Result<(Kernels, Options), String> {
+    let Some(kind) = own_kernels(platform) else {
+        return Err(format!(
+            "equarx writes kernels of its own for XLA:TPU (mosaic) and XLA:GPU (triton), not \
+             for {platform}"
+        ));
+    };
+    match options.kernels {
+        Some(Kernels::Hlo) => return Err("kernels=hlo".into()),
+        Some(asked) if asked != kind => {
+            return Err(format!(
+                "{asked} kernels are not {platform}'s (its own are {kind})"
+            ));
+        }
+        _ => {}
     }
     emit::mosaic::takes_options(options)?;
     let mut topology = options.topology_for(platform);
-    topology.kernels = MOSAIC_KERNELS;
-    // The kernels' codes are rows of 128 lanes, two blocks each.
+    topology.kernels = match kind {
+        Kernels::Triton => TRITON_KERNELS,
+        _ => MOSAIC_KERNELS,
+    };
+    // The kernels' codes are unpadded rows.
     topology.wire_row_bytes = 0;
-    Ok(Options {
-        algorithm: Some(options.algorithm.unwrap_or(Algorithm::TwoShot)),
-        topology: Some(topology),
-        ..options.clone()
-    })
+    Ok((
+        kind,
+        Options {
+            algorithm: Some(options.algorithm.unwrap_or(Algorithm::TwoShot)),
+            topology: Some(topology),
+            ..options.clone()
+        },
+    ))
 }
 
 /// What the time model charges a rewrite at `stage`, the pass and `equarx
 /// model` alike: the platform the options resolve to there, the options
-/// charging the HLO emission (`charged_at`) and, where the Mosaic kernels
-/// are in play, the options charging them (`mosaic_charges`). Both name
-/// their topology: the one given, else the platform's
-/// ([`Options::topology_for`]).
+/// charging the HLO emission (`charged_at`) and, where equarx's own
+/// kernels are in play, their kind and the options charging them
+/// (`own_charges`). Both name their topology: the one given, else the
+/// platform's ([`Options::topology_for`]).
 pub struct Charges {
     pub platform: Platform,
     pub hlo: Options,
-    pub mosaic: Option<Options>,
+    pub own: Option<(Kernels, Options)>,
 }
 
 pub fn charges(options: &Options, stage: Stage) -> Charges {
@@ -137,23 +164,20 @@ pub fn charges(options: &Options, stage: Stage) -> Charges {
         topology: Some(charged_at(&options.topology_for(platform), stage)),
         ..options.clone()
     };
-    let mosaic = mosaic_charges(&hlo, platform).ok();
-    Charges {
-        platform,
-        hlo,
-        mosaic,
-    }
+    let own = own_charges(&hlo, platform).ok();
+    Charges { platform, hlo, own }
 }
 
-/// Of the HLO emission's choice and the Mosaic kernels' (where they take
-/// the op), the one predicted faster; when neither pays, the reason quotes
-/// the better prediction. The kernels' plan says `kernels=mosaic`.
+/// Of the HLO emission's choice and equarx's own kernels' (`kind`, where
+/// they take the op), the one predicted faster; when neither pays, the
+/// reason quotes the better prediction. The kernels' plan says their kind.
 pub fn faster(
     hlo: Result<Choice, SkipReason>,
     kernels: Result<Choice, SkipReason>,
+    kind: Kernels,
 ) -> Result<Choice, SkipReason> {
     let kernels = kernels.map(|mut k| {
-        k.plan.config.kernels = Kernels::Mosaic;
+        k.plan.config.kernels = kind;
         k
     });
     match (hlo, kernels) {
@@ -170,6 +194,21 @@ pub fn faster(
     }
 }
 
+/// Whether equarx's own kernels of `kind` take `plan` on `operands` at
+/// `stage` (an all-gather's or reduce-scatter's `dimension`), or why not.
+fn own_fits(
+    kind: Kernels,
+    plan: &Plan,
+    operands: &[&ShapeProto],
+    stage: Stage,
+    dimension: Option<i64>,
+) -> Result<(), String> {
+    match kind {
+        Kernels::Triton => emit::triton::fits(plan, operands, stage, dimension).map(|_| ()),
+        _ => emit::mosaic::fits(plan, operands, stage, dimension).map(|_| ()),
+    }
+}
+
 impl QuantizeCollectives {
     /// The pass with checked options (`crate::options::validate`), the
     /// module's device counts and its stage in XLA's pipeline; the platform
@@ -178,11 +217,11 @@ impl QuantizeCollectives {
         let Charges {
             platform,
             hlo: options,
-            mosaic,
+            own,
         } = charges(&options, stage);
         QuantizeCollectives {
             options,
-            mosaic,
+            own,
             counts,
             stage,
             platform,
@@ -196,43 +235,45 @@ impl QuantizeCollectives {
     }
 
     /// [`choose`], the time model charging the kernels that will be
-    /// emitted: on XLA:TPU, unless `kernels=hlo`, the faster of the HLO
-    /// emission's plan and the Mosaic kernels' ([`faster`]), the kernels'
-    /// only where they take the operand.
+    /// emitted: on XLA:TPU and XLA:GPU, unless `kernels=hlo`, the faster of
+    /// the HLO emission's plan and equarx's own kernels' ([`faster`]), the
+    /// kernels' only where they take the operand.
     fn choose_emitted(&self, c: &eligibility::Candidate, data: Data) -> Result<Choice, SkipReason> {
         let hlo = choose(c, data, &self.options);
-        let Some(options) = &self.mosaic else {
+        let Some((kind, options)) = &self.own else {
             return hlo;
         };
         let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
         let kernels = choose(c, data, options).and_then(|k| {
-            emit::mosaic::fits(&k.plan, &shapes, self.stage, c.dimension)
+            own_fits(*kind, &k.plan, &shapes, self.stage, c.dimension)
                 .map(|_| k)
                 .map_err(SkipReason::Unsupported)
         });
-        faster(hlo, kernels)
+        faster(hlo, kernels, *kind)
     }
 
-    /// Why an op rewritten as `plan` by HLO did not get the Mosaic kernels,
-    /// where the report should say so: always when `kernels=mosaic` asked
-    /// for them; with auto, on XLA:TPU, when the plan is the kernels' own
-    /// (a two-shot all-reduce or reduce-scatter, an all-gather) and only the
-    /// operand kept them out.
-    fn why_not_mosaic(&self, c: &eligibility::Candidate, plan: &Plan) -> Option<String> {
-        let asked = self.options.kernels == Some(Kernels::Mosaic);
-        if self.mosaic.is_none() {
+    /// Why an op rewritten as `plan` by HLO did not get equarx's own
+    /// kernels, where the report should say so: always when `kernels`
+    /// asked for them; with auto, on XLA:TPU and XLA:GPU, when the plan is
+    /// the kernels' own (a two-shot all-reduce or reduce-scatter, an
+    /// all-gather) and only the operand kept them out. Returns the kind
+    /// and the reason.
+    fn why_not_own(&self, c: &eligibility::Candidate, plan: &Plan) -> Option<(Kernels, String)> {
+        let asked = self.options.kernels.filter(|k| *k != Kernels::Hlo);
+        let Some((kind, _)) = &self.own else {
             // Not in play: say why only to whom asked for them.
-            return mosaic_charges(&self.options, self.platform)
+            let asked = asked?;
+            return own_charges(&self.options, self.platform)
                 .err()
-                .filter(|_| asked);
-        }
+                .map(|why| (asked, why));
+        };
         let kernels_plan = emit::mosaic::takes_plan(plan).is_ok();
         let shapes: Vec<&ShapeProto> = c.quantized().map(|o| &o.shape).collect();
-        let why = match emit::mosaic::fits(plan, &shapes, self.stage, c.dimension) {
+        let why = match own_fits(*kind, plan, &shapes, self.stage, c.dimension) {
             Err(why) => why,
-            Ok(_) => "the time model predicts the HLO emission's plan faster".into(),
+            Ok(()) => "the time model predicts the HLO emission's plan faster".into(),
         };
-        (asked || kernels_plan).then_some(why)
+        (asked.is_some() || kernels_plan).then_some((*kind, why))
     }
 
     pub fn report(&self) -> &[OpReport] {
@@ -353,7 +394,7 @@ impl QuantizeCollectives {
             Ok((candidate, Choice { mut plan, time })) => {
                 plan.config.wire = self.platform.wire(self.stage, &plan);
                 let note = (plan.config.kernels == Kernels::Hlo)
-                    .then(|| self.why_not_mosaic(&candidate, &plan))
+                    .then(|| self.why_not_own(&candidate, &plan))
                     .flatten();
                 let reducers =
                     *reducers.get_or_insert_with(|| Reducers::add_to(module, self.stage));
@@ -373,13 +414,17 @@ impl QuantizeCollectives {
                 )?;
                 changes.dead.extend(spliced.dead);
                 entry.rewritten(&candidate, &plan, &spliced.emitted, data);
-                if let Some(why) = note {
+                if let Some((kind, why)) = note {
                     let said = entry
                         .reason
                         .take()
                         .map(|r| format!("{r}; "))
                         .unwrap_or_default();
-                    entry.reason = Some(format!("{said}HLO kernels, not Mosaic: {why}"));
+                    let kind = match kind {
+                        Kernels::Triton => "Triton",
+                        _ => "Mosaic",
+                    };
+                    entry.reason = Some(format!("{said}HLO kernels, not {kind}: {why}"));
                 }
                 entry.predicted_time = Some(time);
             }

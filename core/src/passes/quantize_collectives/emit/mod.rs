@@ -36,6 +36,7 @@
 //! | `exchange.rs` | two-shot's exchange, and the all-to-all of rows |
 //! | `gather.rs` | the gather: one all-gather, or relays round the ring |
 //! | `mosaic.rs` | two-shot's steps as three Mosaic kernels for XLA:TPU (`kernels=mosaic`) |
+//! | `triton.rs` | the same steps as three Triton kernels for XLA:GPU (`kernels=triton`) |
 //! | this file | the driver, constants, and the `while` loop of repeated steps |
 
 mod codes;
@@ -45,6 +46,7 @@ mod layout;
 pub(super) mod mosaic;
 mod ranks;
 mod ring;
+pub(super) mod triton;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -125,6 +127,22 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
             }
             Err(why) => e.b.fail(format!(
                 "Mosaic kernels chosen for a plan they do not fit: {why}"
+            )),
+        }
+    }
+    // Or as Triton kernels (`triton.rs`).
+    if plan.config.kernels == Kernels::Triton {
+        let shapes: Vec<&ShapeProto> = inputs.operands.iter().map(|v| &v.shape).collect();
+        match triton::fits(plan, &shapes, inputs.stage, inputs.dimension) {
+            Ok(shape) => {
+                let values = vec![e.triton_kernels(shape)];
+                return EmittedPlan {
+                    values,
+                    computations,
+                };
+            }
+            Err(why) => e.b.fail(format!(
+                "Triton kernels chosen for a plan they do not fit: {why}"
             )),
         }
     }

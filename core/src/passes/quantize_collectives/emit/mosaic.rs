@@ -344,8 +344,9 @@ impl Emitter<'_, '_, '_> {
             "{{\"custom_call_config\": {{\"body\": \"{body}\", \"serialization_format\": 1, \
              \"needs_layout_passes\": true}}}}"
         );
+        // API_VERSION_ORIGINAL, what JAX gives a `tpu_custom_call`.
         self.b
-            .custom_call("tpu_custom_call", operands, result, config.into_bytes())
+            .custom_call("tpu_custom_call", operands, result, config.into_bytes(), 1)
     }
 }
 
