@@ -31,7 +31,7 @@ import re
 
 import numpy as np
 
-from mosaic import _constant, _type
+from mosaic import _binary, _constant, _convert, _type
 
 
 class _Pointers:
@@ -121,14 +121,6 @@ def _cmpf(op, ins, rtype):
     fn = {"1": np.equal, "2": np.greater, "3": np.greater_equal, "4": np.less,
           "5": np.less_equal}[predicate]
     return fn(*ins)
-
-
-def _binary(fn):
-    return lambda op, ins, rtype: fn(ins[0], ins[1]).astype(_type(rtype)[1])
-
-
-def _convert(op, ins, rtype):
-    return ins[0].astype(_type(rtype)[1])
 
 
 OPS = {

@@ -305,12 +305,38 @@ impl Emitter<'_, '_, '_> {
     /// The all-to-alls of a message's codes (seen as `parts`: `[P, m, C]`)
     /// and scales (`message`, a tuple): every destination's part.
     fn exchange_kernels(&mut self, message: &Value, parts: [i64; 3]) -> [Value; 2] {
+        self.exchange_message(message, [Some(&parts), None])
+    }
+
+    /// The all-to-alls of a message's codes and scales (`message`, a tuple
+    /// of both), each first seen as `dims` where given ([`Self::view`]):
+    /// every destination's part, equarx's own kernels' exchange.
+    pub(super) fn exchange_message(
+        &mut self,
+        message: &Value,
+        dims: [Option<&[i64]>; 2],
+    ) -> [Value; 2] {
         let groups = self.inputs.participants.groups.clone();
         [0, 1].map(|i| {
             let v = self.b.get_tuple_element(message, i);
-            let v = if i == 0 { self.view(&v, &parts) } else { v };
+            let v = match dims[i as usize] {
+                Some(d) => self.view(&v, d),
+                None => v,
+            };
             let channel = self.channel();
             self.b.all_to_all(&v, 0, &groups, channel)
+        })
+    }
+
+    /// The all-gathers of a message's codes and scales (`message`, a
+    /// tuple of both), equarx's own kernels' gather.
+    pub(super) fn gather_message(&mut self, message: &Value) -> [Value; 2] {
+        let groups = self.inputs.participants.groups.clone();
+        let partitions = self.inputs.participants.space == IdSpace::Partition;
+        [0, 1].map(|i| {
+            let v = self.b.get_tuple_element(message, i);
+            let channel = self.channel();
+            self.b.all_gather(&v, 0, &groups, channel, partitions)
         })
     }
 
@@ -323,13 +349,7 @@ impl Emitter<'_, '_, '_> {
         h: Option<&Value>,
         s: Shape,
     ) -> Value {
-        let groups = self.inputs.participants.groups.clone();
-        let partitions = self.inputs.participants.space == IdSpace::Partition;
-        let all = [0, 1].map(|i| {
-            let v = self.b.get_tuple_element(message, i);
-            let channel = self.channel();
-            self.b.all_gather(&v, 0, &groups, channel, partitions)
-        });
+        let all = self.gather_message(message);
         let mut ins = vec![&all[0], &all[1]];
         ins.extend(h);
         let out = shape::array(PrimitiveType::Bf16, &[s.rows, s.cols]);

@@ -36,7 +36,6 @@ use crate::ir::builder::Value;
 use crate::ir::shape;
 use crate::numerics::{absmax_floor, hadamard_sign, inv_qmax};
 use crate::passes::Stage;
-use crate::passes::quantize_collectives::groups::IdSpace;
 use crate::plan::{Collective, Plan, QuantFormat, Rotation};
 use crate::proto::{PrimitiveType, ShapeProto};
 
@@ -152,7 +151,7 @@ impl Emitter<'_, '_, '_> {
             }
             Steps::ReduceScatter { quantize, sum } => {
                 let q = quantized(self, &quantize, rows);
-                let sent = self.triton_exchange(&q, p, m);
+                let sent = self.exchange_message(&q, [Some(&[p, m, 64]), Some(&[p, m])]);
                 let mut ins = vec![&sent[0], &sent[1]];
                 ins.extend(h.as_ref());
                 let out = shape::array(PrimitiveType::Bf16, &[m, 64]);
@@ -164,7 +163,7 @@ impl Emitter<'_, '_, '_> {
                 dequantize,
             } => {
                 let q = quantized(self, &quantize, rows);
-                let sent = self.triton_exchange(&q, p, m);
+                let sent = self.exchange_message(&q, [Some(&[p, m, 64]), Some(&[p, m])]);
                 let summed =
                     self.triton_call(&sum, "equarx_sum", m, &[&sent[0], &sent[1]], message(m));
                 self.triton_gather(&dequantize, &summed, h.as_ref(), rows)
@@ -172,19 +171,6 @@ impl Emitter<'_, '_, '_> {
         };
         let result = self.inputs.results[0].clone();
         self.b.reshape_to(&y, &result)
-    }
-
-    /// The all-to-alls of a message's codes (seen as `[P, m, 64]`) and
-    /// scales (`[P, m]`): every destination's part.
-    fn triton_exchange(&mut self, message: &Value, p: i64, m: i64) -> [Value; 2] {
-        let groups = self.inputs.participants.groups.clone();
-        [0, 1].map(|i| {
-            let v = self.b.get_tuple_element(message, i);
-            let dims: &[i64] = if i == 0 { &[p, m, 64] } else { &[p, m] };
-            let v = self.b.reshape(&v, dims);
-            let channel = self.channel();
-            self.b.all_to_all(&v, 0, &groups, channel)
-        })
     }
 
     /// The all-gathers of a message's codes and scales, and the dequantize
@@ -196,13 +182,7 @@ impl Emitter<'_, '_, '_> {
         h: Option<&Value>,
         rows: i64,
     ) -> Value {
-        let groups = self.inputs.participants.groups.clone();
-        let partitions = self.inputs.participants.space == IdSpace::Partition;
-        let all = [0, 1].map(|i| {
-            let v = self.b.get_tuple_element(message, i);
-            let channel = self.channel();
-            self.b.all_gather(&v, 0, &groups, channel, partitions)
-        });
+        let all = self.gather_message(message);
         let mut ins = vec![&all[0], &all[1]];
         ins.extend(h);
         let out = shape::array(PrimitiveType::Bf16, &[rows, 64]);
