@@ -424,6 +424,7 @@ impl Shape {
 }
 
 /// The kernels' bodies, as text, per collective.
+#[derive(Debug)]
 pub(super) enum Steps {
     AllReduce {
         quantize: String,
@@ -437,6 +438,25 @@ pub(super) enum Steps {
         quantize: String,
         dequantize: String,
     },
+}
+
+impl Steps {
+    /// The bodies in the order they run.
+    #[cfg(test)]
+    pub(super) fn into_texts(self) -> Vec<String> {
+        match self {
+            Steps::AllReduce {
+                quantize,
+                sum,
+                dequantize,
+            } => vec![quantize, sum, dequantize],
+            Steps::ReduceScatter { quantize, sum } => vec![quantize, sum],
+            Steps::AllGather {
+                quantize,
+                dequantize,
+            } => vec![quantize, dequantize],
+        }
+    }
 }
 
 /// The 128 × 128 matrix the kernels rotate by: two 64-blocks' Hadamard
@@ -1190,24 +1210,14 @@ mod tests {
             ]
             .into_iter()
             .flat_map(|(collective, rows, cols)| {
-                match kernels(Shape {
+                kernels(Shape {
                     collective,
                     rows,
                     cols,
                     parts: 4,
                     rotation,
-                }) {
-                    Steps::AllReduce {
-                        quantize,
-                        sum,
-                        dequantize,
-                    } => vec![quantize, sum, dequantize],
-                    Steps::ReduceScatter { quantize, sum } => vec![quantize, sum],
-                    Steps::AllGather {
-                        quantize,
-                        dequantize,
-                    } => vec![quantize, dequantize],
-                }
+                })
+                .into_texts()
             })
             .collect();
             assert_eq!(texts.len(), 10);

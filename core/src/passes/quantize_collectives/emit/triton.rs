@@ -670,18 +670,7 @@ mod tests {
                     parts: 4,
                     rotation,
                 };
-                let texts = match kernels(s) {
-                    Steps::AllReduce {
-                        quantize,
-                        sum,
-                        dequantize,
-                    } => vec![quantize, sum, dequantize],
-                    Steps::ReduceScatter { quantize, sum } => vec![quantize, sum],
-                    Steps::AllGather {
-                        quantize,
-                        dequantize,
-                    } => vec![quantize, dequantize],
-                };
+                let texts = kernels(s).into_texts();
                 for text in texts {
                     let mut defined = std::collections::HashSet::new();
                     for line in text.lines() {
