@@ -724,7 +724,7 @@ fn by_default_xla_tpu_and_xla_gpu_get_their_own_kernels_where_they_take_the_op()
     let (kernels, reason) = rewrite(&[1000, 1000], Gpu, TwoShot);
     assert_eq!(kernels, Hlo);
     assert!(
-        reason.contains("HLO kernels, not Triton") && reason.contains("multiple of 16384"),
+        reason.contains("HLO kernels, not Triton") && reason.contains("multiple of 8192"),
         "{reason}"
     );
     // A plan the kernels do not write is no news.

@@ -39,9 +39,11 @@ use crate::passes::Stage;
 use crate::plan::{Collective, Plan, QuantFormat, Rotation};
 use crate::proto::{PrimitiveType, ShapeProto};
 
-/// Block rows a program takes: 2048 elements, 32 rows of the FMA
-/// product's tile.
-pub(super) const ROWS_PER_PROGRAM: i64 = 32;
+/// Block rows a program takes (1024 elements), by 8 warps: what XLA:GPU
+/// compiles fastest of 16 and 32 rows by 4, 8 and 16 warps (the rotation's
+/// FMA product unrolls its 64 terms for every output a thread holds;
+/// BENCHMARKS.md, "equarx's own Triton kernels on XLA:GPU").
+pub(super) const ROWS_PER_PROGRAM: i64 = 16;
 
 /// The largest group whose parts the sum kernel adds one by one (its
 /// body grows with P).
@@ -203,7 +205,7 @@ impl Emitter<'_, '_, '_> {
     ) -> Value {
         let config = format!(
             "{{debug = false, grid_x = {} : i32, grid_y = 1 : i32, grid_z = 1 : i32, ir = \
-             \"{}\", name = \"{name}\", num_stages = 1 : i32, num_warps = 4 : i32}}",
+             \"{}\", name = \"{name}\", num_stages = 1 : i32, num_warps = 8 : i32}}",
             rows / ROWS_PER_PROGRAM,
             mlir_string(ir)
         );
