@@ -137,26 +137,30 @@ impl Emitter<'_, '_, '_> {
                 shape::array(PrimitiveType::Bf16, &[r]),
             ])
         };
+        // The kernels read and write the operand and the result as they
+        // are shaped (a kernel sees flat row-major buffers): a reshape to
+        // or from block rows beside them would be fused into the op's
+        // neighbours, and keeps XLA:GPU's normalization fusions off them.
         let quantized = |e: &mut Self, body: &str, r: i64| {
-            let x = e.b.reshape(&e.inputs.operands[0].clone(), &[r, 64]);
+            let x = e.inputs.operands[0].clone();
             let mut ins = vec![&x];
             ins.extend(h.as_ref());
             e.triton_call(body, "equarx_quantize", r, &ins, message(r))
         };
+        let out = shape::array(PrimitiveType::Bf16, &self.inputs.results[0].dimensions);
         let y = match kernels(s) {
             Steps::AllGather {
                 quantize,
                 dequantize,
             } => {
                 let q = quantized(self, &quantize, m);
-                self.triton_gather(&dequantize, &q, h.as_ref(), rows)
+                self.triton_gather(&dequantize, &q, h.as_ref(), rows, out)
             }
             Steps::ReduceScatter { quantize, sum } => {
                 let q = quantized(self, &quantize, rows);
                 let sent = self.exchange_message(&q, [Some(&[p, m, 64]), Some(&[p, m])]);
                 let mut ins = vec![&sent[0], &sent[1]];
                 ins.extend(h.as_ref());
-                let out = shape::array(PrimitiveType::Bf16, &[m, 64]);
                 self.triton_call(&sum, "equarx_sum_scatter", m, &ins, out)
             }
             Steps::AllReduce {
@@ -168,26 +172,26 @@ impl Emitter<'_, '_, '_> {
                 let sent = self.exchange_message(&q, [Some(&[p, m, 64]), Some(&[p, m])]);
                 let summed =
                     self.triton_call(&sum, "equarx_sum", m, &[&sent[0], &sent[1]], message(m));
-                self.triton_gather(&dequantize, &summed, h.as_ref(), rows)
+                self.triton_gather(&dequantize, &summed, h.as_ref(), rows, out)
             }
         };
-        let result = self.inputs.results[0].clone();
-        self.b.reshape_to(&y, &result)
+        // A result laid out otherwise than row-major gets XLA's copy.
+        y
     }
 
     /// The all-gathers of a message's codes and scales, and the dequantize
-    /// kernel over what they gathered (`rows` block rows).
+    /// kernel over what they gathered (`rows` block rows) into `out`.
     fn triton_gather(
         &mut self,
         body: &str,
         message: &Value,
         h: Option<&Value>,
         rows: i64,
+        out: ShapeProto,
     ) -> Value {
         let all = self.gather_message(message);
         let mut ins = vec![&all[0], &all[1]];
         ins.extend(h);
-        let out = shape::array(PrimitiveType::Bf16, &[rows, 64]);
         self.triton_call(body, "equarx_dequantize", rows, &ins, out)
     }
 
