@@ -631,6 +631,61 @@ fn assert_mosaic(r: &equarx::Rewritten) {
     );
 }
 
+#[test]
+fn xla_gpus_triton_kernels_read_the_operand_and_write_the_result_as_they_are_shaped() {
+    // Three calls, the collectives between them, and no reshape of the
+    // operand or the result beside them: XLA:GPU fused such a reshape
+    // into the op's consumer and lost its normalization fusion there
+    // (BENCHMARKS.md, "equarx's own Triton kernels on XLA:GPU").
+    let (m, counts) = psum_of(&[512, 1024]);
+    let o = options(|p| {
+        p.stage = Some(Stage::PreFusion);
+        p.platform = Some(equarx::Platform::Gpu);
+        p.algorithm = Some(equarx::plan::Algorithm::TwoShot);
+        p.kernels = Some(equarx::plan::Kernels::Triton);
+    });
+    let r = equarx::rewrite(m.clone(), counts, &o).unwrap();
+    let plan = r.report[0].plan.as_ref().expect("rewritten");
+    assert_eq!(plan.config.kernels, equarx::plan::Kernels::Triton);
+    let all = instructions(&r.module);
+    let calls: Vec<&HloInstructionProto> = all
+        .values()
+        .copied()
+        .filter(|i| i.custom_call_target == "__gpu$xla.gpu.triton")
+        .collect();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    let original = instructions(&m);
+    let op = original
+        .values()
+        .find(|i| i.opcode == "all-reduce")
+        .expect("the psum");
+    let operand = original[&op.operand_ids[0]];
+    let dims = |i: &HloInstructionProto| i.shape.as_ref().unwrap().dimensions.clone();
+    // The quantize reads the op's operand itself; the dequantize writes the
+    // op's shape.
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.operand_ids.first() == Some(&operand.id)),
+        "no call reads the operand {}",
+        operand.name
+    );
+    assert!(
+        calls.iter().any(|c| dims(c) == dims(op)),
+        "no call writes {:?}",
+        dims(op)
+    );
+    assert!(
+        all.values()
+            .filter(|i| i.opcode == "reshape")
+            .all(|i| i.operand_ids.iter().all(|o| {
+                all.get(o)
+                    .is_none_or(|p| p.custom_call_target.is_empty() && p.id != operand.id)
+            })),
+        "a reshape of the operand or of a call's result"
+    );
+}
+
 /// Instructions a rewrite adds, new computations included.
 #[test]
 fn before_xla_tpu_fusion_a_rewrites_results_leave_through_one_opt_barrier() {
