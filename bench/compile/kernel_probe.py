@@ -581,6 +581,8 @@ def check_triton(collective, rows, cols, rotation, n):
         raise SystemExit("equarx wrote %d Triton kernels for the %s, not %d" % (
             len(calls), collective, want))
     h = [hadamard(64)] if rotation else []
+    # The dequantize rotates by the matrix's signs, in s8.
+    signs = [np.sign(hadamard(64)).astype(np.int8)] if rotation else []
     xs, bf16 = np.asarray(x), ml_dtypes.bfloat16
     nb = rows * cols // 64  # a device's block rows
 
@@ -596,7 +598,7 @@ def check_triton(collective, rows, cols, rotation, n):
         sent = [quantize(d, nb) for d in range(n)]
         codes = np.concatenate([c for c, _ in sent])
         scales = np.concatenate([s for _, s in sent])
-        out = call(1, [codes, scales] + h, [np.zeros((n * nb, 64), bf16)])[0]
+        out = call(1, [codes, scales] + signs, [np.zeros((n * nb, 64), bf16)])[0]
         mine = np.concatenate([out.reshape(n * rows, cols)] * n).astype(np.float32)
     else:
         m = nb // n
@@ -613,7 +615,7 @@ def check_triton(collective, rows, cols, rotation, n):
         if collective == "psum":
             codes = np.concatenate([c for c, _ in summed])
             scales = np.concatenate([s for _, s in summed])
-            out = call(2, [codes, scales] + h, [np.zeros((nb, 64), bf16)])[0]
+            out = call(2, [codes, scales] + signs, [np.zeros((nb, 64), bf16)])[0]
             mine = np.concatenate([out.reshape(rows, cols)] * n).astype(np.float32)
         else:
             mine = np.concatenate(summed).reshape(n * rows // n, cols).astype(np.float32)

@@ -12,6 +12,7 @@ numpy computes them in the operands' own types, with these choices where
 the IR leaves it to the target, each what Triton 3 lowers the op to for
 NVIDIA:
 
+- `tt.dot` of integers (s8 into s32) is exact, in any order;
 - `tt.dot` at `inputPrecision = ieee` (f32 operands) is FMAs over the shared
   index in order, from the accumulator (Triton's FMA dot; no tensor core
   takes IEEE f32). An FMA is computed in f64 and rounded once to f32, which
@@ -81,6 +82,13 @@ def _bitcast(op, ins, rtype):
 
 
 def _dot(op, ins, rtype):
+    if all(np.issubdtype(x.dtype, np.integer) for x in ins):
+        # Integers: exact in any order (s8 x s8 into s32 that cannot overflow here).
+        a, b, acc = (x.astype(np.int64) for x in ins)
+        out = a @ b + acc
+        if np.abs(out).max(initial=0) >= 2 ** 31:
+            raise ValueError("an integer dot overflows s32")
+        return out.astype(np.int32)
     # Triton's InputPrecision: 0 tf32, 1 tf32x3, 2 ieee.
     if str(op.attributes["inputPrecision"]).split(":")[0].strip() not in ("2", "ieee"):
         raise NotImplementedError("a dot below IEEE precision: its sums are the target's")

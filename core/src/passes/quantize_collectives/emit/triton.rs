@@ -21,10 +21,12 @@
 //! the IEEE quotient: `arith.divf` is an approximate one on NVIDIA),
 //! rounded to nearest even (`cvt.rni`, as inline PTX: Triton lowers no
 //! `math.roundeven`), clamped, NaN to 0; the exchange's sum of halves;
-//! `(H·q)·scale` back. Products by the rotation's matrix are `tt.dot`s
-//! at IEEE precision, which Triton lowers to FMAs over the shared index
-//! in order, not to tensor cores: the terms `x·(±1/8)` are exact, so each
-//! FMA is the contract's one rounded add. `tests/compilers/triton.py`
+//! `(H·q)·scale` back. Products of values by the rotation's matrix are
+//! `tt.dot`s at IEEE precision, which Triton lowers to FMAs over the
+//! shared index in order, not to tensor cores: the terms `x·(±1/8)` are
+//! exact, so each FMA is the contract's one rounded add. The codes' product
+//! back is an s8 `tt.dot` by the matrix's signs into s32 (tensor cores:
+//! `mma.sync ... s32.s8.s8.s32`), exact in any order, then times 1/8. `tests/compilers/triton.py`
 //! runs the kernels' text on the host against the HLO emission on XLA:CPU,
 //! bit for bit.
 
@@ -130,7 +132,10 @@ impl Emitter<'_, '_, '_> {
     pub(super) fn triton_kernels(&mut self, s: Shape) -> Value {
         let (rows, p) = (s.rows, s.parts);
         let m = rows / p;
+        // The rotation's matrix: ±1/8 in f32 for the products of bf16
+        // values; ±1 in s8 for the codes' (an exact integer product).
         let h = s.rotation.then(|| self.b.f32_array(&matrix(), &[64, 64]));
+        let signs = s.rotation.then(|| self.b.s8_array(&signs(), &[64, 64]));
         let message = |r: i64| {
             shape::tuple(vec![
                 shape::array(PrimitiveType::S8, &[r, 64]),
@@ -154,7 +159,7 @@ impl Emitter<'_, '_, '_> {
                 dequantize,
             } => {
                 let q = quantized(self, &quantize, m);
-                self.triton_gather(&dequantize, &q, h.as_ref(), rows, out)
+                self.triton_gather(&dequantize, &q, signs.as_ref(), rows, out)
             }
             Steps::ReduceScatter { quantize, sum } => {
                 let q = quantized(self, &quantize, rows);
@@ -172,7 +177,7 @@ impl Emitter<'_, '_, '_> {
                 let sent = self.exchange_message(&q, [Some(&[p, m, 64]), Some(&[p, m])]);
                 let summed =
                     self.triton_call(&sum, "equarx_sum", m, &[&sent[0], &sent[1]], message(m));
-                self.triton_gather(&dequantize, &summed, h.as_ref(), rows, out)
+                self.triton_gather(&dequantize, &summed, signs.as_ref(), rows, out)
             }
         };
         // A result laid out otherwise than row-major gets XLA's copy.
@@ -244,6 +249,13 @@ fn mlir_string(s: &str) -> String {
 fn matrix() -> Vec<f32> {
     (0..64 * 64)
         .map(|i| hadamard_sign(i / 64, i % 64) / 8.0)
+        .collect()
+}
+
+/// The same matrix's signs, ±1: the codes' product in integers.
+fn signs() -> Vec<i8> {
+    (0..64 * 64)
+        .map(|i| hadamard_sign(i / 64, i % 64) as i8)
         .collect()
 }
 
@@ -440,7 +452,8 @@ impl Ir {
         ));
     }
 
-    /// The rotation's matrix `[64, 64]` f32 from argument `arg`.
+    /// The rotation's matrix `[64, 64]` from argument `arg` (f32, or the
+    /// s8 signs).
     fn load_matrix(&mut self, arg: usize) -> String {
         let row = self.op("tt.make_range {end = 64 : i32, start = 0 : i32} : tensor<64xi32>");
         let row = self.expand(&row, 1, &[64], "i32");
@@ -452,7 +465,8 @@ impl Ir {
         let lanes = self.lanes(64);
         let offsets = self.op(&format!("arith.addi {row}, {lanes} : tensor<64x64xi32>"));
         let p = self.pointers(arg, &offsets, 0, &[64, 64]);
-        self.op(&format!("tt.load {p} : tensor<64x64x!tt.ptr<f32>>"))
+        let ty = self.args[arg].1.clone();
+        self.op(&format!("tt.load {p} : tensor<64x64x!tt.ptr<{ty}>>"))
     }
 
     /// `[TM, 64]` f32 `y` times the matrix `h`: FMAs in index order.
@@ -534,14 +548,26 @@ impl Ir {
     }
 
     /// Codes `q` (s8 `[TM, 64]`) times their rows' bf16 scales `s` (`[TM]`):
-    /// f32 `[TM, 64]`, rotated back by `h` before the scale where given.
-    fn dequantize(&mut self, q: &str, s: &str, h: Option<&str>) -> String {
+    /// f32 `[TM, 64]`, rotated back by the matrix's `signs` (s8) before the
+    /// scale where given: `(H·q/8)·scale`, the integer product exact on
+    /// the tensor cores in any order, and its eighth exact in f32 (|H·q| ≤
+    /// 127·64), so the contract's f32 sums of `q·(±1/8)` to the bit.
+    fn dequantize(&mut self, q: &str, s: &str, signs: Option<&str>) -> String {
         let f2 = t2("f32");
-        let mut q = self.convert("arith.sitofp", q, &t2("i8"), &f2);
-        if let Some(h) = h {
-            // (H·q)·scale: the integer sums are exact.
-            q = self.rotate(&q, h);
-        }
+        let q = match signs {
+            Some(signs) => {
+                let i2 = t2("i32");
+                let zeros = self.splat("0", &[ROWS_PER_PROGRAM, 64], "i32");
+                let hq = self.op(&format!(
+                    "tt.dot {q}, {signs}, {zeros} : {} * tensor<64x64xi8> -> {i2}",
+                    t2("i8")
+                ));
+                let hq = self.convert("arith.sitofp", &hq, &i2, &f2);
+                let eighth = self.f32s(0.125, &[ROWS_PER_PROGRAM, 64]);
+                self.binary("arith.mulf", &hq, &eighth, &f2)
+            }
+            None => self.convert("arith.sitofp", q, &t2("i8"), &f2),
+        };
         let s = self.convert("arith.extf", s, &t1("bf16"), &t1("f32"));
         let s = self.spread(&s, "f32");
         self.binary("arith.mulf", &q, &s, &f2)
@@ -640,12 +666,12 @@ fn sum_kernel(s: Shape, scatter: bool) -> String {
     ir.finish("equarx_sum")
 }
 
-/// Dequantize: codes, scales (the gathered message), [the matrix] → bf16
-/// block rows.
+/// Dequantize: codes, scales (the gathered message), [the matrix's signs]
+/// → bf16 block rows.
 fn dequantize_kernel(rotation: bool) -> String {
     let mut args = vec!["i8", "bf16"];
     if rotation {
-        args.push("f32");
+        args.push("i8");
     }
     args.push("bf16");
     let mut ir = Ir::new(&args);
