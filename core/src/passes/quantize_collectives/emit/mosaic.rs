@@ -106,6 +106,22 @@ pub(in crate::passes::quantize_collectives) fn takes_plan(plan: &Plan) -> Result
     takes_knobs(c.format, c.scale_type, c.block, c.gather)
 }
 
+/// The one bf16 operand of `plan`, where equarx's own kernels (Mosaic's,
+/// Triton's) write the plan ([`takes_plan`]); or why not.
+pub(super) fn the_bf16_operand<'a>(
+    plan: &Plan,
+    operands: &[&'a ShapeProto],
+) -> Result<&'a ShapeProto, String> {
+    takes_plan(plan)?;
+    let [operand] = operands else {
+        return Err(format!("{} operands, not one", operands.len()));
+    };
+    if operand.element_type != PrimitiveType::Bf16 as i32 {
+        return Err("the operand is not bf16".into());
+    }
+    Ok(operand)
+}
+
 /// Whether the kernels take `plan` on its one bf16 operand `operands`
 /// (an all-gather's gathered, a reduce-scatter's scattered, along
 /// `dimension`) at `stage`: the shape they are written for, or why not.
@@ -119,13 +135,7 @@ pub(in crate::passes::quantize_collectives) fn fits(
     if stage == Stage::Fused {
         return Err(format!("the module is past XLA's fusion ({stage})"));
     }
-    takes_plan(plan)?;
-    let [operand] = operands else {
-        return Err(format!("{} operands, not one", operands.len()));
-    };
-    if operand.element_type != PrimitiveType::Bf16 as i32 {
-        return Err("the operand is not bf16".into());
-    }
+    let operand = the_bf16_operand(plan, operands)?;
     let dims = &operand.dimensions;
     let cols = dims.last().copied().unwrap_or(1);
     let mut rows: i64 = dims.iter().rev().skip(1).product();

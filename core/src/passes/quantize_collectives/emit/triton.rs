@@ -77,14 +77,8 @@ pub(in crate::passes::quantize_collectives) fn fits(
             "the module is past XLA's fusion ({stage}); XLA:GPU's hook is before it"
         ));
     }
-    mosaic::takes_plan(plan)?;
+    let operand = mosaic::the_bf16_operand(plan, operands)?;
     let p = plan.group_size as i64;
-    let [operand] = operands else {
-        return Err(format!("{} operands, not one", operands.len()));
-    };
-    if operand.element_type != PrimitiveType::Bf16 as i32 {
-        return Err("the operand is not bf16".into());
-    }
     let dims = &operand.dimensions;
     let elements: i64 = dims.iter().product();
     if plan.collective != Collective::AllReduce {
