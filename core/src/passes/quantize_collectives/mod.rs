@@ -94,7 +94,7 @@ fn charged_at(topology: &Topology, stage: Stage) -> Topology {
 
 /// The kernels equarx writes itself for `platform`'s compiler: Mosaic for
 /// XLA:TPU, Triton for XLA:GPU; none for XLA:CPU.
-pub fn own_kernels(platform: Platform) -> Option<Kernels> {
+fn own_kernels(platform: Platform) -> Option<Kernels> {
     match platform {
         Platform::Tpu => Some(Kernels::Mosaic),
         Platform::Gpu => Some(Kernels::Triton),
