@@ -398,11 +398,12 @@ fn main() {
     }
     // equarx's own Triton kernels for XLA:GPU (`emit/triton.rs`): the
     // psum's two-shot, an all-gather and a reduce-scatter, through both
-    // doors, h100 × 4 and × 8.
+    // doors, h100 × 4, × 8 and × 16 (the sum kernel's most parts).
     let triton = [
         ("h100x4", 4, "none"),
         ("h100x4", 4, "hadamard"),
         ("h100x8", 8, "hadamard"),
+        ("h100x16", 16, "hadamard"),
     ];
     for (topology, devices, rotation) in triton {
         for door in ["before", "hook"] {
@@ -466,12 +467,13 @@ fn main() {
     }
     // The Triton kernels' text run on the host against equarx's XLA:GPU
     // emission: P = 6 carries an odd part through the sum's halves, P = 8
-    // three levels of them.
+    // and 16 three and four levels of them.
     for (collective, rotation, devices, shape) in [
         ("psum", "hadamard", 4, "256,640"),
         ("psum", "none", 4, "256,640"),
         ("psum", "hadamard", 6, "384,512"),
         ("psum", "hadamard", 8, "256,1024"),
+        ("psum", "hadamard", 16, "128,128"),
         ("all-gather", "hadamard", 4, "64,1024"),
         ("all-gather", "none", 8, "64,512"),
         ("reduce-scatter", "hadamard", 4, "256,640"),
