@@ -434,57 +434,46 @@ fn main() {
             }
         }
     }
-    // P = 3 carries an odd part through the sum's halves; P = 8 adds three
-    // levels of them; 1024 columns are two groups of the grid.
-    for (rotation, devices, shape) in [
-        ("hadamard", 4, "512,640"),
-        ("none", 4, "512,1024"),
-        ("hadamard", 3, "384,640"),
-        ("hadamard", 8, "1024,256"),
+    // equarx's own kernels' text run on the host against its HLO emission
+    // for the same compiler, bit for bit. Mosaic: P = 3 carries an odd part
+    // through the sum's halves, P = 8 adds three levels of them, 1024
+    // columns are two groups of the grid. Triton: P = 6 carries an odd
+    // part, P = 8 and 16 three and four levels.
+    for (kind, collective, rotation, devices, shape) in [
+        ("Mosaic", "psum", "hadamard", 4, "512,640"),
+        ("Mosaic", "psum", "none", 4, "512,1024"),
+        ("Mosaic", "psum", "hadamard", 3, "384,640"),
+        ("Mosaic", "psum", "hadamard", 8, "1024,256"),
+        ("Mosaic", "all-gather", "hadamard", 4, "128,640"),
+        ("Mosaic", "all-gather", "none", 3, "256,256"),
+        ("Mosaic", "all-gather", "hadamard", 8, "128,1024"),
+        ("Mosaic", "reduce-scatter", "hadamard", 4, "512,640"),
+        ("Mosaic", "reduce-scatter", "none", 3, "384,256"),
+        ("Mosaic", "reduce-scatter", "hadamard", 8, "1024,1024"),
+        ("Triton", "psum", "hadamard", 4, "256,640"),
+        ("Triton", "psum", "none", 4, "256,640"),
+        ("Triton", "psum", "hadamard", 6, "384,512"),
+        ("Triton", "psum", "hadamard", 8, "256,1024"),
+        ("Triton", "psum", "hadamard", 16, "128,128"),
+        ("Triton", "all-gather", "hadamard", 4, "64,1024"),
+        ("Triton", "all-gather", "none", 8, "64,512"),
+        ("Triton", "reduce-scatter", "hadamard", 4, "256,640"),
+        ("Triton", "reduce-scatter", "none", 6, "384,512"),
     ] {
+        let triton = kind == "Triton";
+        // (The Mosaic psum's checks are named by its algorithm.)
+        let named = if triton || collective != "psum" {
+            collective
+        } else {
+            "two-shot"
+        };
         trials.push(Trial::test(
             format!(
-                "kernels::two-shot+{rotation}@P={devices} (Mosaic text against equarx's emission)"
+                "kernels::{named}+{rotation}@P={devices} ({kind} text against equarx's emission)"
             ),
-            move || kernel_check("psum", rotation, devices, shape, false).map_err(Failed::from),
-        ));
-    }
-    for (collective, rotation, devices, shape) in [
-        ("all-gather", "hadamard", 4, "128,640"),
-        ("all-gather", "none", 3, "256,256"),
-        ("all-gather", "hadamard", 8, "128,1024"),
-        ("reduce-scatter", "hadamard", 4, "512,640"),
-        ("reduce-scatter", "none", 3, "384,256"),
-        ("reduce-scatter", "hadamard", 8, "1024,1024"),
-    ] {
-        trials.push(Trial::test(
-            format!(
-                "kernels::{collective}+{rotation}@P={devices} (Mosaic text against equarx's \
-                 emission)"
-            ),
-            move || kernel_check(collective, rotation, devices, shape, false).map_err(Failed::from),
-        ));
-    }
-    // The Triton kernels' text run on the host against equarx's XLA:GPU
-    // emission: P = 6 carries an odd part through the sum's halves, P = 8
-    // and 16 three and four levels of them.
-    for (collective, rotation, devices, shape) in [
-        ("psum", "hadamard", 4, "256,640"),
-        ("psum", "none", 4, "256,640"),
-        ("psum", "hadamard", 6, "384,512"),
-        ("psum", "hadamard", 8, "256,1024"),
-        ("psum", "hadamard", 16, "128,128"),
-        ("all-gather", "hadamard", 4, "64,1024"),
-        ("all-gather", "none", 8, "64,512"),
-        ("reduce-scatter", "hadamard", 4, "256,640"),
-        ("reduce-scatter", "none", 6, "384,512"),
-    ] {
-        trials.push(Trial::test(
-            format!(
-                "kernels::{collective}+{rotation}@P={devices} (Triton text against equarx's \
-                 emission)"
-            ),
-            move || kernel_check(collective, rotation, devices, shape, true).map_err(Failed::from),
+            move || {
+                kernel_check(collective, rotation, devices, shape, triton).map_err(Failed::from)
+            },
         ));
     }
     trials.push(Trial::test(
