@@ -97,6 +97,14 @@ pub(in crate::passes::quantize_collectives) fn fits(
     }
     let gather = plan.collective == Collective::AllGather;
     let elements = if gather { elements * p } else { elements };
+    // The kernels' offsets are i32 (elements of the largest buffer, the
+    // payload or the gathered result).
+    if elements > i64::from(i32::MAX) {
+        return Err(format!(
+            "{elements} elements: the kernels address at most {} (i32 offsets)",
+            i32::MAX
+        ));
+    }
     let unit = 64 * ROWS_PER_PROGRAM * p;
     if elements % unit != 0 || (!gather && p > MAX_PARTS) {
         return Err(format!(
@@ -728,6 +736,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_payload_past_i32_offsets_is_refused() {
+        use crate::plan::{Algorithm, Config};
+        let config = Config {
+            algorithm: Algorithm::TwoShot,
+            ..Config::default()
+        };
+        let plan = Plan::new(4, 1 << 30, &config).unwrap();
+        let small = shape::array(PrimitiveType::Bf16, &[1 << 20, 1024]);
+        assert!(fits(&plan, &[&small], Stage::PreFusion, None).is_ok());
+        let huge = shape::array(PrimitiveType::Bf16, &[1 << 21, 1024]);
+        let why = fits(&plan, &[&huge], Stage::PreFusion, None).unwrap_err();
+        assert!(why.contains("i32 offsets"), "{why}");
     }
 
     #[test]
