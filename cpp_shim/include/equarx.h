@@ -86,14 +86,14 @@
  *       or of 512 and whose rows are a multiple of 128·P, P <= 8 (an
  *       all-gather: 128 rows a rank, any P), scattered or gathered whole
  *       rows, at the hook laid out as libtpu lays it out; triton an operand
- *       of a multiple of 1024·P elements, P <= 16 (an all-gather: 1024
- *       elements a rank, any P), scattered or gathered whole runs. auto (the
- *       default): on XLA:TPU mosaic and on XLA:GPU triton where the kernels
- *       take the op and the time model predicts them faster than the hlo
- *       plan, hlo otherwise and on XLA:CPU. An op the kernels cannot take
- *       keeps hlo, and the report says why; a forced ring or two-level keeps
- *       the all-reduces and reduce-scatters in hlo, not the all-gathers,
- *       which have no algorithm.
+ *       of a multiple of 1024·P elements, under 2^31, P <= 16 (an
+ *       all-gather: 1024 elements a rank, any P), scattered or gathered whole
+ *       runs. auto (the default): on XLA:TPU mosaic and on XLA:GPU triton
+ *       where the kernels take the op and the time model predicts them faster
+ *       than the hlo plan, hlo otherwise and on XLA:CPU. An op the kernels
+ *       cannot take keeps hlo, and the report says why; a forced ring or
+ *       two-level keeps the all-reduces and reduce-scatters in hlo, not the
+ *       all-gathers, which have no algorithm.
  *   quant_format  int8|fp8-e4m3|fp8-e5m2|int4 (default: int8):
  *       What a code is: int8 (absmax/127), fp8-e4m3 or fp8-e5m2 (absmax/448
  *       or /57344, the float's own rounding), int4 (absmax/7, two codes per

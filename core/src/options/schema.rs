@@ -385,8 +385,8 @@ pub static OPTIONS: &[OptionSpec] = &[
                operand whose last dimension is a multiple of 128 up to 4096 or of 512 and \
                whose rows are a multiple of 128·P, P <= 8 (an all-gather: 128 rows a rank, any \
                P), scattered or gathered whole rows, at the hook laid out as libtpu lays it \
-               out; triton an operand of a multiple of 1024·P elements, P <= 16 (an \
-               all-gather: 1024 elements a rank, any P), scattered or gathered whole runs. \
+               out; triton an operand of a multiple of 1024·P elements, under 2^31, P <= 16 \
+               (an all-gather: 1024 elements a rank, any P), scattered or gathered whole runs. \
                auto (the default): on XLA:TPU mosaic and on XLA:GPU triton where the kernels \
                take the op and the time model predicts them faster than the hlo plan, hlo \
                otherwise and on XLA:CPU. An op the kernels cannot take keeps hlo, and the \
