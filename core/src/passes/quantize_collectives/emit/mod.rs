@@ -114,35 +114,30 @@ pub fn emit(b: &mut Builder, inputs: &EmitInputs) -> EmittedPlan {
     let mut computations = Vec::new();
     let mut e = Emitter::new(b, inputs, &mut computations);
 
-    // The plan as Mosaic kernels, where the pass chose them (`mosaic.rs`).
-    if plan.config.kernels == Kernels::Mosaic {
+    // The plan as equarx's own kernels, where the pass chose them
+    // (`mosaic.rs`, `triton.rs`).
+    if plan.config.kernels != Kernels::Hlo {
         let shapes: Vec<&ShapeProto> = inputs.operands.iter().map(|v| &v.shape).collect();
-        match mosaic::fits(plan, &shapes, inputs.stage, inputs.dimension) {
-            Ok(shape) => {
-                let values = vec![e.mosaic_kernels(shape)];
+        let (stage, dimension) = (inputs.stage, inputs.dimension);
+        let (kind, value) = match plan.config.kernels {
+            Kernels::Triton => (
+                "Triton",
+                triton::fits(plan, &shapes, stage, dimension).map(|s| e.triton_kernels(s)),
+            ),
+            _ => (
+                "Mosaic",
+                mosaic::fits(plan, &shapes, stage, dimension).map(|s| e.mosaic_kernels(s)),
+            ),
+        };
+        match value {
+            Ok(v) => {
                 return EmittedPlan {
-                    values,
+                    values: vec![v],
                     computations,
                 };
             }
             Err(why) => e.b.fail(format!(
-                "Mosaic kernels chosen for a plan they do not fit: {why}"
-            )),
-        }
-    }
-    // Or as Triton kernels (`triton.rs`).
-    if plan.config.kernels == Kernels::Triton {
-        let shapes: Vec<&ShapeProto> = inputs.operands.iter().map(|v| &v.shape).collect();
-        match triton::fits(plan, &shapes, inputs.stage, inputs.dimension) {
-            Ok(shape) => {
-                let values = vec![e.triton_kernels(shape)];
-                return EmittedPlan {
-                    values,
-                    computations,
-                };
-            }
-            Err(why) => e.b.fail(format!(
-                "Triton kernels chosen for a plan they do not fit: {why}"
+                "{kind} kernels chosen for a plan they do not fit: {why}"
             )),
         }
     }
