@@ -505,15 +505,24 @@ def check_collective(collective, rows, cols, rotation, n):
                                 np.stack([s[d] for _, s in sent])] + h,
                        [np.zeros((m, cols), bf16)])[0]
             for d in range(n)]).astype(np.float32)
+    # An all-gather's every device holds the same; a reduce-scatter's its own.
+    return differing("equarx's kernels", mine, theirs, n, collective == "all-gather")
+
+
+def differing(name, mine, theirs, n, replicated):
+    """Prints and returns how many elements of `mine` differ from `theirs`
+    (f32 arrays of every device's result) in their bits, two NaNs counted
+    alike; with `replicated`, whether every device's part of `theirs` is
+    the same too."""
+    import numpy as np
     bits = mine.view(np.uint32) != theirs.view(np.uint32)
     values = bits & ~(np.isnan(mine) & np.isnan(theirs))
-    # An all-gather's every device holds the same; a reduce-scatter's its own.
-    replicas = collective != "all-gather" or all(
+    replicas = not replicated or all(
         np.array_equal(r.view(np.uint32), theirs.reshape(n, -1)[0].view(np.uint32))
         for r in theirs.reshape(n, -1))
     print("%-18s elements %d, differing bits %d (NaN payloads aside: %d), non-finite %d "
           "(equarx %d), replicas identical %s" % (
-              "equarx's kernels", mine.size, bits.sum(), values.sum(), (~np.isfinite(mine)).sum(),
+              name, mine.size, bits.sum(), values.sum(), (~np.isfinite(mine)).sum(),
               (~np.isfinite(theirs)).sum(), replicas))
     return int(values.sum())
 
@@ -521,8 +530,6 @@ def check_collective(collective, rows, cols, rotation, n):
 def triton_calls(lowered):
     """The Triton calls of a lowered module, in program order: (IR text,
     grid_x) each."""
-    sys.path.insert(0, os.path.join(compilers.REPO, "tests/compilers"))
-    import triton as interpreter
     from jax._src.lib.mlir import ir
     module = lowered.compiler_ir("stablehlo")
     calls = []
@@ -532,13 +539,7 @@ def triton_calls(lowered):
                     "__gpu$xla.gpu.triton" not in str(op.attributes["call_target_name"]):
                 continue
             key = "mhlo.backend_config" if "mhlo.backend_config" in op.attributes else "backend_config"
-            config = op.attributes[key]
-            if isinstance(config, ir.StringAttr) or str(config).startswith('"'):
-                text = ir.StringAttr(config).value
-                calls.append((re.search(r'ir = "((?:[^"\\]|\\.)*)"', text).group(1),
-                              interpreter.grid_of(text)))
-                continue
-            config = ir.DictAttr(config)
+            config = ir.DictAttr(op.attributes[key])
             fields = {config[i].name: config[i].attr for i in range(len(config))}
             calls.append((ir.StringAttr(fields["ir"]).value,
                           int(str(fields["grid_x"]).split(":")[0])))
@@ -618,17 +619,9 @@ def check_triton(collective, rows, cols, rotation, n):
             out = call(2, [codes, scales] + signs, [np.zeros((nb, 64), bf16)])[0]
             mine = np.concatenate([out.reshape(rows, cols)] * n).astype(np.float32)
         else:
-            mine = np.concatenate(summed).reshape(n * rows // n, cols).astype(np.float32)
-    bits = mine.view(np.uint32) != theirs.view(np.uint32)
-    values = bits & ~(np.isnan(mine) & np.isnan(theirs))
-    replicas = collective == "reduce-scatter" or all(
-        np.array_equal(r.view(np.uint32), theirs.reshape(n, -1)[0].view(np.uint32))
-        for r in theirs.reshape(n, -1))
-    print("%-18s elements %d, differing bits %d (NaN payloads aside: %d), non-finite %d "
-          "(equarx %d), replicas identical %s" % (
-              "equarx's Triton", mine.size, bits.sum(), values.sum(), (~np.isfinite(mine)).sum(),
-              (~np.isfinite(theirs)).sum(), replicas))
-    return int(values.sum())
+            mine = np.concatenate(summed).reshape(rows, cols).astype(np.float32)
+    # A reduce-scatter's every device holds its own part.
+    return differing("equarx's Triton", mine, theirs, n, collective != "reduce-scatter")
 
 
 def mosaic_text_psum(bodies, x, n, tm, form, matrix):

@@ -154,8 +154,9 @@ impl Emitter<'_, '_, '_> {
             ins.extend(h.as_ref());
             e.triton_call(body, "equarx_quantize", r, &ins, message(r))
         };
+        // (A result laid out otherwise than row-major gets XLA's copy.)
         let out = shape::array(PrimitiveType::Bf16, &self.inputs.results[0].dimensions);
-        let y = match kernels(s) {
+        match kernels(s) {
             Steps::AllGather {
                 quantize,
                 dequantize,
@@ -181,9 +182,7 @@ impl Emitter<'_, '_, '_> {
                     self.triton_call(&sum, "equarx_sum", m, &[&sent[0], &sent[1]], message(m));
                 self.triton_gather(&dequantize, &summed, signs.as_ref(), rows, out)
             }
-        };
-        // A result laid out otherwise than row-major gets XLA's copy.
-        y
+        }
     }
 
     /// The all-gathers of a message's codes and scales, and the dequantize
