@@ -32,7 +32,8 @@ import re
 
 import numpy as np
 
-from mosaic import _binary, _constant, _convert, _type
+import mosaic
+from mosaic import _binary, _type
 
 
 class _Pointers:
@@ -72,13 +73,6 @@ def _make_range(op, ins, rtype):
 
 def _expand_dims(op, ins, rtype):
     return np.expand_dims(ins[0], int(str(op.attributes["axis"]).split(":")[0]))
-
-
-def _bitcast(op, ins, rtype):
-    shape, dtype = _type(rtype)
-    if ins[0].dtype.itemsize != np.dtype(dtype).itemsize:
-        raise NotImplementedError("a bitcast between widths")
-    return ins[0].view(dtype).reshape(shape)
 
 
 def _dot(op, ins, rtype):
@@ -123,33 +117,16 @@ def _reduce(op, ins, rtype):
     return combine(ins[0], axis=int(str(op.attributes["axis"]).split(":")[0]))
 
 
-def _cmpf(op, ins, rtype):
-    predicate = str(op.attributes["predicate"]).split(":")[0].strip()
-    # MLIR's CmpFPredicate numbers: 1 oeq, 2 ogt, 3 oge, 4 olt, 5 ole.
-    fn = {"1": np.equal, "2": np.greater, "3": np.greater_equal, "4": np.less,
-          "5": np.less_equal}[predicate]
-    return fn(*ins)
-
-
-OPS = {
-    "arith.constant": lambda op, ins, rtype: _constant(op, rtype),
-    "arith.addi": _binary(np.add),
-    "arith.muli": _binary(np.multiply),
-    "arith.andi": _binary(np.bitwise_and),
-    "arith.maxsi": _binary(np.maximum),
-    "arith.minsi": _binary(np.minimum),
-    "arith.addf": _binary(np.add),
-    "arith.mulf": _binary(np.multiply),
-    "arith.maximumf": _binary(np.maximum),  # NaN in, NaN out
-    "arith.minimumf": _binary(np.minimum),
+# The arith ops mean here what they mean to the Mosaic interpreter (NaN in,
+# NaN out for maximumf and minimumf; truncf rounds to nearest even).
+OPS = {name: mosaic.OPS[name] for name in (
+    "arith.constant", "arith.addi", "arith.muli", "arith.andi", "arith.maxsi", "arith.minsi",
+    "arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.cmpf",
+    "arith.select", "arith.extf", "arith.truncf", "arith.sitofp")}
+OPS.update({
     "tt.precise_divf": _binary(np.divide),
-    "arith.cmpf": _cmpf,
-    "arith.select": lambda op, ins, rtype: np.where(ins[0], ins[1], ins[2]),
-    "arith.extf": _convert,
-    "arith.truncf": _convert,  # round to nearest even (ml_dtypes)
-    "arith.sitofp": _convert,
     "arith.fptosi": _fptosi,
-    "tt.bitcast": _bitcast,
+    "tt.bitcast": mosaic.OPS["tpu.bitcast"],
     "tt.make_range": _make_range,
     "tt.splat": _splat,
     "tt.expand_dims": _expand_dims,
@@ -158,7 +135,7 @@ OPS = {
     "tt.dot": _dot,
     "tt.elementwise_inline_asm": _inline_asm,
     "tt.reduce": _reduce,
-}
+})
 
 
 def run(text, grid_x, inputs, outputs):
