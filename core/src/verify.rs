@@ -1,11 +1,12 @@
 //! The one source of well-formedness for modules equarx reads and writes.
 //!
-//! Runs on every input before a pass touches it and after every pass (see
-//! [`crate::passes`]). It checks what a pass could break and what would make
-//! XLA reject or misread a module: unique ids and names, references that
-//! resolve, operands before users, a root per computation, an acyclic call
-//! graph, shapes of the ops equarx models (see [`crate::ir::infer`]), and a
-//! schedule that orders exactly each computation's instructions.
+//! Runs on every input before a pass touches it and after every pass that
+//! changed it (see [`crate::passes`]). It checks what a pass could break
+//! and what would make XLA reject or misread a module: unique ids and
+//! names, references that resolve, operands before users, a root per
+//! computation, an acyclic call graph, shapes of the ops equarx models (see
+//! [`crate::ir::infer`]), and a schedule that orders exactly each
+//! computation's instructions.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
