@@ -27,6 +27,10 @@
 //!   does with equarx disabled (the compiler may refuse a random module
 //!   itself, an f64 one on TPU say, and equarx must not change that), and
 //!   what equarx rewrites carries quantized codes on the wire.
+//! - `kernels::N@TOPOLOGY`: random modules of the same modes, layouts,
+//!   encodings and options, shaped for equarx's own kernels (one bf16
+//!   all-reduce, a two-shot of int8 blocks of 64): as `sample::`, and the
+//!   op must take XLA:GPU's Triton or XLA:TPU's Mosaic kernels.
 //! - `before_xla::PLAN@TOPOLOGY`: a `shard_map` psum lowered by JAX and
 //!   rewritten before XLA by `equarx.jax.rewrite_lowered`, for every
 //!   algorithm, rotation and format, on v5e:2x2 and h100 x4: it compiles,
@@ -133,6 +137,21 @@ enum Want {
     /// compile (the named job, equarx disabled) does, and what equarx
     /// rewrites carries quantized codes on the wire.
     AsPlain(String),
+    /// A random module shaped for equarx's own kernels: as
+    /// [`Want::AsPlain`], and where the plain compile succeeds, equarx
+    /// rewrote an op with the compiler's own kernels (Triton's on XLA:GPU,
+    /// Mosaic's on XLA:TPU).
+    OwnKernels(String),
+}
+
+impl Want {
+    /// The plain compile a random module's job is judged against.
+    fn plain_twin(&self) -> Option<&str> {
+        match self {
+            Want::AsPlain(plain) | Want::OwnKernels(plain) => Some(plain),
+            _ => None,
+        }
+    }
 }
 
 /// Whether every test of a case compiles on every TPU generation of its
@@ -601,32 +620,64 @@ fn floor_check() -> Result<(), String> {
 /// runs a few hundred).
 const SAMPLES: usize = 16;
 
-fn samples() -> usize {
-    match std::env::var("EQUARX_COMPILER_SAMPLES") {
-        Err(_) => SAMPLES,
-        Ok(v) => v.parse().unwrap_or_else(|_| {
-            panic!("EQUARX_COMPILER_SAMPLES={v:?}: give a number of random modules")
-        }),
+/// The same for modules shaped for equarx's own kernels
+/// (`EQUARX_COMPILER_KERNEL_SAMPLES`).
+const KERNEL_SAMPLES: usize = 4;
+
+fn count(variable: &str, default: usize) -> usize {
+    match std::env::var(variable) {
+        Err(_) => default,
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{variable}={v:?}: give a number of random modules")),
     }
 }
 
-/// `sample::N@TOPOLOGY` jobs: the first [`samples`] modules of 4 or 8
+/// `sample::N@TOPOLOGY` jobs: the first [`SAMPLES`] modules of 4 or 8
 /// devices the property generator makes from a fixed seed, at the hook of
 /// XLA:GPU (h100) and XLA:TPU (v5e), each with its options, and each beside
-/// `sample::N@TOPOLOGY::plain`, the same module with equarx disabled.
+/// `sample::N@TOPOLOGY::plain`, the same module with equarx disabled. And
+/// `kernels::N@TOPOLOGY`: the first [`KERNEL_SAMPLES`] of its generator of
+/// modules shaped for equarx's own kernels, which must take them.
 fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
-    use common::random_modules::{Encoding, case};
-    use proptest::strategy::{Strategy, ValueTree};
+    use common::random_modules::{case, kernel_case};
+    let wanted = count("EQUARX_COMPILER_SAMPLES", SAMPLES);
+    random_jobs(batches, "sample", case(), wanted, 26, Want::AsPlain);
+    let wanted = count("EQUARX_COMPILER_KERNEL_SAMPLES", KERNEL_SAMPLES);
+    random_jobs(
+        batches,
+        "kernels",
+        kernel_case(),
+        wanted,
+        27,
+        Want::OwnKernels,
+    );
+}
+
+/// The jobs of `wanted` modules of 4 or 8 devices that `strategy` draws
+/// from the fixed `seed`, named `FAMILY::N@TOPOLOGY`, each judged by
+/// `want` against its plain twin. The modules are kept in
+/// `target/compilers-results/FAMILY/N.hlo`.
+fn random_jobs(
+    batches: &mut HashMap<String, Vec<Job>>,
+    family: &str,
+    strategy: impl proptest::strategy::Strategy<Value = common::random_modules::Case>,
+    wanted: usize,
+    seed: u8,
+    want: fn(String) -> Want,
+) {
+    use common::random_modules::Encoding;
+    use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
     let mut runner = TestRunner::new_with_rng(
         Config::default(),
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[26; 32]),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]),
     );
-    let dir = results_dir().join("sample");
-    std::fs::create_dir_all(&dir).expect("create target/compilers-results/sample");
-    let strategy = case();
-    let (mut taken, wanted) = (0, samples());
+    let dir = results_dir().join(family);
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("create target/compilers-results/{family}: {e}"));
+    let mut taken = 0;
     while taken < wanted {
         let c = strategy.new_tree(&mut runner).unwrap().current();
         let n = c.devices();
@@ -644,23 +695,22 @@ fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
         let options = options_json(&rewrite);
         let gpu = gpu_topology(n).expect("an H100 node of 4 or 8");
         for topology in [gpu, tpu_topologies(n)[0].to_string()] {
-            let name = format!("sample::{taken}@{topology}");
+            let name = format!("{family}::{taken}@{topology}");
             let plain = format!("{name}::plain");
             let spec = |door: &str, options: &Value| {
                 json!({"module": path, "replicas": replicas, "partitions": partitions,
                        "door": door, "options": options})
             };
-            let want = Want::AsPlain(plain.clone());
             let jobs = batches.entry(topology.clone()).or_default();
             jobs.push(Job {
-                name: plain,
+                name: plain.clone(),
                 spec: spec("none", &json!({})),
                 expect: Want::Plain,
             });
             jobs.push(Job {
                 name,
                 spec: spec("hook", &options),
-                expect: want,
+                expect: want(plain),
             });
         }
         taken += 1;
@@ -713,7 +763,7 @@ fn options_json(options: &equarx::RewriteOptions) -> Value {
 /// compile a random module is judged against).
 fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
     let name = &job.name;
-    if let Want::AsPlain(plain) = &job.expect {
+    if let Some(plain) = job.expect.plain_twin() {
         let base = answers
             .get(plain)
             .ok_or_else(|| format!("{name}: no answer for {plain}"))?;
@@ -795,6 +845,22 @@ fn judge(job: &Job, got: &Value, answers: &Answers) -> Result<(), String> {
             }
         }
         Want::Plain => {}
+        Want::OwnKernels(_) => {
+            let own = match compiler {
+                "gpu" => "triton",
+                _ => "mosaic",
+            };
+            let took = |r: &Value| {
+                r["rewritten"] == json!(true) && r["plan"]["config"]["kernels"] == json!(own)
+            };
+            if !report.iter().any(took) || !quantized {
+                return Err(format!(
+                    "{name}: expected an op rewritten with {own} kernels, quantized codes on the \
+                     wire; {}",
+                    summary()
+                ));
+            }
+        }
         Want::AsPlain(_) => {
             if rewritten != 0 && !quantized {
                 return Err(format!(

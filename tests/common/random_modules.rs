@@ -266,6 +266,10 @@ impl Case {
         if self.with_integer_all_reduce {
             let q = self.operands.len();
             t += &format!("  %q = s32[3] parameter({q})\n");
+            // A channel of its own: XLA's layout assignment gives ops of one
+            // channel one layout (XLA:GPU refused a bf16[2,2,128,128] and
+            // this s32[3] sharing channel 1).
+            let mode = mode.replace("channel_id=1", "channel_id=2");
             t += &format!("  %ints = s32[3] all-reduce(%q), {mode}{groups}, to_apply=%sum_s32\n");
             t += &format!("  ROOT %out = ({result}, s32[3]) tuple(%ar, %ints)\n");
         }
@@ -440,6 +444,55 @@ pub fn options() -> impl Strategy<Value = Options> {
                 }
             },
         )
+}
+
+/// A case equarx's own kernels take at the hooks of XLA:GPU (Triton) and
+/// XLA:TPU (Mosaic), drawn from [`case`]'s modes, layouts, encodings and
+/// strides: one bf16 `add` all-reduce whose last dimension is 128·c and
+/// whose other dimensions hold 128·P·m rows (P the participants' group),
+/// forced to a two-shot of int8 blocks of 64 with bf16 scales, gathered by
+/// an all-gather; the rotation, pipeline depth, direction and fusion stay
+/// random, as does a second, integer all-reduce beside it. Groups are those
+/// the pass can address, of 2 to 16 ranks.
+pub fn kernel_case() -> impl Strategy<Value = Case> {
+    // Groups collective-permute can address, of 2 to 16 ranks (the sum
+    // kernel's most), written as XLA takes them (global ids need groups
+    // named).
+    let group = |c: &Case| c.participant_groups().map_or(0, |g| g[0].len() as i64);
+    let kernels_take = move |c: &Case| {
+        (2..=16).contains(&group(c))
+            && !(c.mode == Mode::Flattened && c.encoding == Encoding::Empty)
+    };
+    (
+        case().prop_filter("groups the kernels take", kernels_take),
+        1i64..=4,
+        1i64..=2,
+        0usize..=2,
+    )
+        .prop_map(move |(mut c, cols, m, split)| {
+            let p = group(&c);
+            let rows = 128 * p * m;
+            let mut dims = match split {
+                0 => vec![rows],
+                1 => vec![2, rows / 2],
+                _ => vec![2, 2, rows / 4],
+            };
+            dims.push(128 * cols);
+            c.operands = vec![Operand { ty: Ty::Bf16, dims }];
+            c.reducer = "add";
+            let o = &mut c.options;
+            o.block_size = 64;
+            o.scale_type = ScaleType::Bf16;
+            o.quant_format = equarx::plan::QuantFormat::Int8;
+            o.element_types = vec![Ty::Bf16.primitive(), Ty::F32.primitive()];
+            o.min_payload_bytes = Some(0);
+            o.algorithm = Some(Algorithm::TwoShot);
+            // The kernels gather with an all-gather.
+            o.gather = GatherForm::AllGather;
+            // The defaults' kernels: each compiler's own where they take the op.
+            o.kernels = None;
+            c
+        })
 }
 
 /// Any case: eligible or not, every mode, layout and encoding.
