@@ -455,8 +455,9 @@ fn no_float_round_trip_that_xla_may_delete() {
 
 /// After XLA's fusion (a dump after optimizations, the pre-scheduler hook)
 /// the ring's ops are outlined into loop fusions: each fused computation is
-/// marked, called by exactly one `kLoop` fusion, holds no collective, and a
-/// reduce in it is its root (never recomputed per element). Before fusion,
+/// marked, called by exactly one `kLoop` fusion, holds no collective, and
+/// what reads a reduce in it keeps the reduced shape (a reduce is never
+/// recomputed per element). Before fusion,
 /// or with `fuse = off`, nothing is outlined.
 #[test]
 fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
@@ -501,11 +502,40 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
                     c.name,
                     i.opcode
                 );
+            }
+            // What reads a reduce inside the fusion (its epilogue) keeps the
+            // reduced shape: nothing spreads it back over its block.
+            let mut downstream: Vec<&HloInstructionProto> = Vec::new();
+            for i in &c.instructions {
+                let reads = |d: &&HloInstructionProto| i.operand_ids.contains(&d.id);
                 if i.opcode == "reduce" {
-                    assert_eq!(i.id, c.root_id, "{file}: a reduce inside {}", c.name);
+                    downstream.push(i);
+                } else if downstream.iter().any(reads) {
+                    let reduced = &downstream[0].shape.as_ref().unwrap().dimensions;
+                    assert!(
+                        i.opcode == "tuple" || &i.shape.as_ref().unwrap().dimensions == reduced,
+                        "{file}: {} in {} reads a reduce over another shape",
+                        i.name,
+                        c.name
+                    );
+                    downstream.push(i);
                 }
             }
         }
+        // A block's reciprocal scale is its maximum's reduce's epilogue
+        // (XLA:CPU's platform: one kernel for both).
+        let epilogues = comps
+            .iter()
+            .filter_map(|id| m.computations.iter().find(|c| c.id == *id))
+            .filter(|c| {
+                let has = |op: &str| c.instructions.iter().any(|i| i.opcode == op);
+                has("reduce") && has("divide")
+            })
+            .count();
+        assert!(
+            epilogues > 0,
+            "{file}: no reduce with its reciprocal epilogue"
+        );
         let off = equarx::rewrite(
             loaded.module,
             loaded.counts,

@@ -11,8 +11,13 @@
 //!   user of the producer is in that fusion (nothing is computed twice and
 //!   no cycle can form: only a fusion's root is used outside it);
 //! - a `reduce` (the blocks' absolute maximum, the scales' byte merge) is
-//!   only ever a fusion's root: fused into an elementwise consumer it would
-//!   be recomputed for every element of its block;
+//!   never fused into a consumer that spreads it back over its block: it
+//!   would be recomputed for every element of the block. For XLA:CPU a
+//!   fusion of elementwise ops over the reduce's result that reads nothing
+//!   else (a block's reciprocal scale from its largest bits) joins the
+//!   reduce's fusion as its epilogue, the reduce staying a root where
+//!   anything else reads it (one multi-output kernel where there were two;
+//!   the epilogue runs once per reduced element);
 //! - constants, iotas and broadcasts of constants are copied into every
 //!   fusion that uses them rather than passed in;
 //! - a reshape that ends a chain and only sees row-major bytes anew stays
@@ -438,6 +443,9 @@ fn fuse_emitted(
         outlined.push(outline(&by_id, &copied, &members[&root], &[root])?);
     }
     outlined = merge_siblings(c, outlined, &by_id, &copied, rules)?;
+    if rules == Rules::Fused && platform == Platform::Cpu {
+        outlined = merge_epilogues(c, outlined, &by_id, &copied, &users)?;
+    }
     if tasks > 1 {
         let bytes = |ids: &[i64]| -> u64 {
             ids.iter()
@@ -850,6 +858,96 @@ fn merge_siblings(
         merged.push(outline(by_id, copied, &members, &roots)?);
     }
     Ok(merged)
+}
+
+/// For XLA:CPU, a fusion of elementwise ops over a reduce's result that
+/// reads nothing else (a block's reciprocal scale from its largest bits)
+/// joins the reduce's fusion as its epilogue: one kernel where there were
+/// two, the same values (XLA:CPU's loop emitter computes the epilogue once
+/// per reduced element). The reduce stays a root where anything else reads
+/// it (the wire's scale bytes), the fusion then multi-output.
+fn merge_epilogues(
+    c: &crate::ir::Computation,
+    mut outlined: Vec<Outline>,
+    by_id: &HashMap<i64, &HloInstructionProto>,
+    copied: &HashSet<i64>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
+) -> Result<Vec<Outline>, PassError> {
+    let reduce_at: HashMap<i64, usize> = outlined
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.roots.len() == 1 && is(by_id[&o.roots[0]], Opcode::Reduce))
+        .map(|(k, o)| (o.roots[0], k))
+        .collect();
+    // Epilogue index → its reduce's outline index.
+    let mut onto: HashMap<usize, usize> = HashMap::default();
+    let mut taken: HashSet<usize> = HashSet::default();
+    for (k, o) in outlined.iter().enumerate() {
+        let [read] = o.params[..] else { continue };
+        let Some(&r) = reduce_at.get(&read) else {
+            continue;
+        };
+        let over_reduced = o.members.iter().all(|m| {
+            by_id
+                .get(m)
+                .is_some_and(|i| !is(i, Opcode::Reduce) && dims(i) == dims(by_id[&read]))
+        });
+        if over_reduced && o.roots.len() == 1 && taken.insert(r) {
+            onto.insert(k, r);
+        }
+    }
+    if onto.is_empty() {
+        return Ok(outlined);
+    }
+    let mut merged = Vec::with_capacity(outlined.len() - onto.len());
+    let epilogue_of: HashMap<usize, usize> = onto.iter().map(|(&e, &r)| (r, e)).collect();
+    let mut parts: Vec<Option<Outline>> = outlined.drain(..).map(Some).collect();
+    for k in 0..parts.len() {
+        if onto.contains_key(&k) {
+            continue;
+        }
+        let Some(o) = parts[k].take() else { continue };
+        let Some(&e) = epilogue_of.get(&k) else {
+            merged.push(o);
+            continue;
+        };
+        let epilogue = parts[e].take().expect("an epilogue joins one reduce");
+        let reduce = o.roots[0];
+        let inside: HashSet<i64> = epilogue.members.iter().copied().collect();
+        // The reduce stays a root where anything else reads it; the copied
+        // ops the epilogue read it through count as inside.
+        let read_elsewhere = users.get(&InstrId(reduce)).is_some_and(|us| {
+            us.iter().any(|u| {
+                !inside.contains(&u.0) && !copied_only_into(u.0, &inside, copied, users)
+            })
+        });
+        let mut roots = Vec::with_capacity(2);
+        if read_elsewhere {
+            roots.push(reduce);
+        }
+        roots.push(epilogue.roots[0]);
+        let mut members: Vec<i64> = o.members.into_iter().chain(epilogue.members).collect();
+        members.sort_by_key(|&m| c.position(InstrId(m)));
+        merged.push(outline(by_id, copied, &members, &roots)?);
+    }
+    Ok(merged)
+}
+
+/// Whether `id`, a copied op, is read only by `inside` (directly or
+/// through other copied ops).
+fn copied_only_into(
+    id: i64,
+    inside: &HashSet<i64>,
+    copied: &HashSet<i64>,
+    users: &HashMap<InstrId, Vec<InstrId>>,
+) -> bool {
+    copied.contains(&id)
+        && users.get(&InstrId(id)).is_some_and(|us| {
+            !us.is_empty()
+                && us.iter().all(|u| {
+                    inside.contains(&u.0) || copied_only_into(u.0, inside, copied, users)
+                })
+        })
 }
 
 /// What the fusions copied in may be dead now, chains of it included: one
