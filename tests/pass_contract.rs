@@ -521,6 +521,31 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
                     downstream.push(i);
                 }
             }
+            // A multi-output fusion with a reduce has every root over the
+            // reduced shape: XLA:CPU crashed (SIGSEGV) compiling one whose
+            // roots were a reduce and an array of its input's shape.
+            if let (Some(reduce), Some(root)) = (
+                downstream.first(),
+                c.instructions.iter().find(|i| i.id == c.root_id),
+            ) {
+                if root.opcode == "tuple" {
+                    let reduced = &reduce.shape.as_ref().unwrap().dimensions;
+                    let dims_of = |id: &i64| {
+                        c.instructions
+                            .iter()
+                            .find(|i| i.id == *id)
+                            .and_then(|i| i.shape.as_ref())
+                            .map(|s| s.dimensions.clone())
+                    };
+                    assert!(
+                        root.operand_ids
+                            .iter()
+                            .all(|o| dims_of(o).as_ref() == Some(reduced)),
+                        "{file}: {} has roots over other shapes than its reduce's",
+                        c.name
+                    );
+                }
+            }
         }
         // A block's reciprocal scale is its maximum's reduce's epilogue
         // (XLA:CPU's platform: one kernel for both).
