@@ -917,9 +917,8 @@ fn merge_epilogues(
         // The reduce stays a root where anything else reads it; the copied
         // ops the epilogue read it through count as inside.
         let read_elsewhere = users.get(&InstrId(reduce)).is_some_and(|us| {
-            us.iter().any(|u| {
-                !inside.contains(&u.0) && !copied_only_into(u.0, &inside, copied, users)
-            })
+            us.iter()
+                .any(|u| !inside.contains(&u.0) && !copied_only_into(u.0, &inside, copied, users))
         });
         let mut roots = Vec::with_capacity(2);
         if read_elsewhere {
@@ -944,9 +943,9 @@ fn copied_only_into(
     copied.contains(&id)
         && users.get(&InstrId(id)).is_some_and(|us| {
             !us.is_empty()
-                && us.iter().all(|u| {
-                    inside.contains(&u.0) || copied_only_into(u.0, inside, copied, users)
-                })
+                && us
+                    .iter()
+                    .all(|u| inside.contains(&u.0) || copied_only_into(u.0, inside, copied, users))
         })
 }
 
