@@ -868,7 +868,7 @@ fn merge_siblings(
 /// it (the wire's scale bytes), the fusion then multi-output.
 fn merge_epilogues(
     c: &crate::ir::Computation,
-    mut outlined: Vec<Outline>,
+    outlined: Vec<Outline>,
     by_id: &HashMap<i64, &HloInstructionProto>,
     copied: &HashSet<i64>,
     users: &HashMap<InstrId, Vec<InstrId>>,
@@ -879,9 +879,8 @@ fn merge_epilogues(
         .filter(|(_, o)| o.roots.len() == 1 && is(by_id[&o.roots[0]], Opcode::Reduce))
         .map(|(k, o)| (o.roots[0], k))
         .collect();
-    // Epilogue index → its reduce's outline index.
-    let mut onto: HashMap<usize, usize> = HashMap::default();
-    let mut taken: HashSet<usize> = HashSet::default();
+    // A reduce's outline index → its epilogue's (the first that reads it).
+    let mut epilogue_of: HashMap<usize, usize> = HashMap::default();
     for (k, o) in outlined.iter().enumerate() {
         let [read] = o.params[..] else { continue };
         let Some(&r) = reduce_at.get(&read) else {
@@ -892,18 +891,18 @@ fn merge_epilogues(
                 .get(m)
                 .is_some_and(|i| !is(i, Opcode::Reduce) && dims(i) == dims(by_id[&read]))
         });
-        if over_reduced && o.roots.len() == 1 && taken.insert(r) {
-            onto.insert(k, r);
+        if over_reduced && o.roots.len() == 1 {
+            epilogue_of.entry(r).or_insert(k);
         }
     }
-    if onto.is_empty() {
+    if epilogue_of.is_empty() {
         return Ok(outlined);
     }
-    let mut merged = Vec::with_capacity(outlined.len() - onto.len());
-    let epilogue_of: HashMap<usize, usize> = onto.iter().map(|(&e, &r)| (r, e)).collect();
-    let mut parts: Vec<Option<Outline>> = outlined.drain(..).map(Some).collect();
+    let epilogues: HashSet<usize> = epilogue_of.values().copied().collect();
+    let mut parts: Vec<Option<Outline>> = outlined.into_iter().map(Some).collect();
+    let mut merged = Vec::with_capacity(parts.len() - epilogues.len());
     for k in 0..parts.len() {
-        if onto.contains_key(&k) {
+        if epilogues.contains(&k) {
             continue;
         }
         let Some(o) = parts[k].take() else { continue };
@@ -911,7 +910,10 @@ fn merge_epilogues(
             merged.push(o);
             continue;
         };
-        let epilogue = parts[e].take().expect("an epilogue joins one reduce");
+        // An epilogue reads one reduce, so it joins one.
+        let epilogue = parts[e]
+            .take()
+            .ok_or_else(|| PassError::Failed("an epilogue joined two reduces".into()))?;
         let reduce = o.roots[0];
         let inside: HashSet<i64> = epilogue.members.iter().copied().collect();
         // The reduce stays a root where anything else reads it; the copied

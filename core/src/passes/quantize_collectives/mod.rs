@@ -321,8 +321,8 @@ impl Pass for QuantizeCollectives {
                 module.remove_computation(dead);
             }
         }
-        // A reducer added for an op that then kept its own form is a
-        // change too (the pipeline verifies only what changed).
+        // Computations added or removed are a change even where no op says
+        // it was rewritten (the pipeline verifies only what changed).
         Ok(self.report.iter().any(|r| r.rewritten) || module.computations().len() != before)
     }
 }
