@@ -27,7 +27,7 @@
 //!   does with equarx disabled (the compiler may refuse a random module
 //!   itself, an f64 one on TPU say, and equarx must not change that), and
 //!   what equarx rewrites carries quantized codes on the wire.
-//! - `kernels::N@TOPOLOGY`: random modules of the same modes, layouts,
+//! - `kernel_sample::N@TOPOLOGY`: random modules of the same modes, layouts,
 //!   encodings and options, shaped for equarx's own kernels (one bf16
 //!   all-reduce, a two-shot of int8 blocks of 64): as `sample::`, and the
 //!   op must take XLA:GPU's Triton or XLA:TPU's Mosaic kernels.
@@ -637,8 +637,9 @@ fn count(variable: &str, default: usize) -> usize {
 /// devices the property generator makes from a fixed seed, at the hook of
 /// XLA:GPU (h100) and XLA:TPU (v5e), each with its options, and each beside
 /// `sample::N@TOPOLOGY::plain`, the same module with equarx disabled. And
-/// `kernels::N@TOPOLOGY`: the first [`KERNEL_SAMPLES`] of its generator of
-/// modules shaped for equarx's own kernels, which must take them.
+/// `kernel_sample::N@TOPOLOGY`: the first [`KERNEL_SAMPLES`] of its
+/// generator of modules shaped for equarx's own kernels, which must take
+/// them.
 fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
     use common::random_modules::{case, kernel_case};
     let wanted = count("EQUARX_COMPILER_SAMPLES", SAMPLES);
@@ -646,7 +647,7 @@ fn sample_jobs(batches: &mut HashMap<String, Vec<Job>>) {
     let wanted = count("EQUARX_COMPILER_KERNEL_SAMPLES", KERNEL_SAMPLES);
     random_jobs(
         batches,
-        "kernels",
+        "kernel_sample",
         kernel_case(),
         wanted,
         27,
