@@ -457,8 +457,8 @@ fn no_float_round_trip_that_xla_may_delete() {
 /// the ring's ops are outlined into loop fusions: each fused computation is
 /// marked, called by exactly one `kLoop` fusion, holds no collective, and
 /// what reads a reduce in it keeps the reduced shape (a reduce is never
-/// recomputed per element). Before fusion,
-/// or with `fuse = off`, nothing is outlined.
+/// recomputed per element). Before fusion, or with `fuse = off`, nothing is
+/// outlined.
 #[test]
 fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
     let fused_comps = |m: &HloModuleProto| -> Vec<i64> {
@@ -504,43 +504,39 @@ fn fused_modules_get_loop_fusions_that_follow_xlas_rules() {
                 );
             }
             // What reads a reduce inside the fusion (its epilogue) keeps the
-            // reduced shape: nothing spreads it back over its block.
-            let mut downstream: Vec<&HloInstructionProto> = Vec::new();
+            // reduced shape: nothing spreads it back over its block. And a
+            // multi-output fusion with a reduce has every root over that
+            // shape: XLA:CPU crashed (SIGSEGV) compiling one whose roots were
+            // a reduce and an array of its input's shape.
+            let dims: HashMap<i64, &[i64]> = c
+                .instructions
+                .iter()
+                .map(|i| {
+                    (
+                        i.id,
+                        i.shape.as_ref().map_or(&[][..], |s| &s.dimensions[..]),
+                    )
+                })
+                .collect();
+            let Some(reduce) = c.instructions.iter().find(|i| i.opcode == "reduce") else {
+                continue;
+            };
+            let reduced = dims[&reduce.id];
+            let mut downstream: HashSet<i64> = HashSet::from([reduce.id]);
             for i in &c.instructions {
-                let reads = |d: &&HloInstructionProto| i.operand_ids.contains(&d.id);
-                if i.opcode == "reduce" {
-                    downstream.push(i);
-                } else if downstream.iter().any(reads) {
-                    let reduced = &downstream[0].shape.as_ref().unwrap().dimensions;
-                    assert!(
-                        i.opcode == "tuple" || &i.shape.as_ref().unwrap().dimensions == reduced,
-                        "{file}: {} in {} reads a reduce over another shape",
-                        i.name,
-                        c.name
-                    );
-                    downstream.push(i);
+                if i.operand_ids.iter().any(|o| downstream.contains(o)) {
+                    downstream.insert(i.id);
+                    if i.opcode != "tuple" {
+                        assert_eq!(
+                            dims[&i.id], reduced,
+                            "{file}: {} in {} reads a reduce over another shape",
+                            i.name, c.name
+                        );
+                    }
                 }
-            }
-            // A multi-output fusion with a reduce has every root over the
-            // reduced shape: XLA:CPU crashed (SIGSEGV) compiling one whose
-            // roots were a reduce and an array of its input's shape.
-            if let (Some(reduce), Some(root)) = (
-                downstream.first(),
-                c.instructions.iter().find(|i| i.id == c.root_id),
-            ) {
-                if root.opcode == "tuple" {
-                    let reduced = &reduce.shape.as_ref().unwrap().dimensions;
-                    let dims_of = |id: &i64| {
-                        c.instructions
-                            .iter()
-                            .find(|i| i.id == *id)
-                            .and_then(|i| i.shape.as_ref())
-                            .map(|s| s.dimensions.clone())
-                    };
+                if i.id == c.root_id && i.opcode == "tuple" {
                     assert!(
-                        root.operand_ids
-                            .iter()
-                            .all(|o| dims_of(o).as_ref() == Some(reduced)),
+                        i.operand_ids.iter().all(|o| dims[o] == reduced),
                         "{file}: {} has roots over other shapes than its reduce's",
                         c.name
                     );

@@ -203,11 +203,12 @@ impl Case {
         }
     }
 
-    fn mode_text(&self) -> &'static str {
+    /// The mode's attributes, on `channel` where the mode has one.
+    fn mode_text(&self, channel: i64) -> String {
         match self.mode {
-            Mode::CrossReplica => "",
-            Mode::CrossReplicaAndPartition => "channel_id=1, ",
-            Mode::Flattened => "channel_id=1, use_global_device_ids=true, ",
+            Mode::CrossReplica => String::new(),
+            Mode::CrossReplicaAndPartition => format!("channel_id={channel}, "),
+            Mode::Flattened => format!("channel_id={channel}, use_global_device_ids=true, "),
         }
     }
 
@@ -253,7 +254,7 @@ impl Case {
         }
         let args: Vec<String> = (0..self.operands.len()).map(|k| format!("%p{k}")).collect();
         let groups = self.groups_text();
-        let mode = self.mode_text();
+        let mode = self.mode_text(1);
         let root = if self.with_integer_all_reduce {
             ""
         } else {
@@ -269,7 +270,7 @@ impl Case {
             // A channel of its own: XLA's layout assignment gives ops of one
             // channel one layout (XLA:GPU refused a bf16[2,2,128,128] and
             // this s32[3] sharing channel 1).
-            let mode = mode.replace("channel_id=1", "channel_id=2");
+            let mode = self.mode_text(2);
             t += &format!("  %ints = s32[3] all-reduce(%q), {mode}{groups}, to_apply=%sum_s32\n");
             t += &format!("  ROOT %out = ({result}, s32[3]) tuple(%ar, %ints)\n");
         }
