@@ -1,7 +1,8 @@
 //! The cluster benchmark cannot rot: `bench/cluster/run` in its smallest
 //! form — loopback instead of network namespaces (no root, no shaping), 2
 //! JAX processes joined by `jax.distributed` with gloo collectives, one
-//! 256 KiB bf16 all-reduce — run as psum, as the 2-byte ring baseline and
+//! 256 KiB bf16 all-reduce — run as psum, as the 2-byte ring and two-shot
+//! baselines, as their 1-byte bounds and
 //! with equarx enabled through the JAX door (this build's `libequarx.so`) —
 //! and a reduce-scatter and an all-gather of the same size, each as is and
 //! through the door.
@@ -36,7 +37,7 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
             "--sizes",
             "256k",
             "--baselines",
-            "psum,ring-u16,psum-scatter,all-gather",
+            "psum,ring-u16,twoshot-u16,ring-u8,twoshot-u8,psum-scatter,all-gather",
             "--configs",
             "b64-d2",
             "--reducescatter-configs",
@@ -73,7 +74,7 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
         .lines()
         .filter(|l| l.starts_with("| unshaped | allreduce | 256 KiB |"))
         .count();
-    assert_eq!(table_rows, 3, "one table row per program:\n{stdout}");
+    assert_eq!(table_rows, 6, "one table row per program:\n{stdout}");
 
     let results: Value =
         serde_json::from_slice(&std::fs::read(&json).expect("results JSON")).expect("JSON");
@@ -84,7 +85,7 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
             .unwrap_or_else(|| panic!("no {workload} {variant} row in {rows:?}"))
     };
     let row = |variant: &str| row_of("allreduce", variant);
-    assert_eq!(rows.len(), 8, "one row per program: {rows:?}");
+    assert_eq!(rows.len(), 11, "one row per program: {rows:?}");
     for r in rows {
         let median = r["median_s"].as_f64().expect("median_s");
         assert!(median > 0.0 && median < 30.0, "median time {median} s: {r}");
@@ -116,6 +117,35 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
         "{}",
         row("ring-u16")
     );
+    // The two-shot baseline sends what equarx's two-shot sends, in 2
+    // bytes, and sums in f32 as the ring does; the 1-byte bounds send the
+    // bf16's high byte and are far off (powers of four), which is why
+    // they are bounds and never the "× 2-byte" denominator.
+    let two_shot = row("twoshot-u16");
+    for op in ["all-to-all u16", "all-gather u16"] {
+        assert_eq!(two_shot["wire_types"][op], 1, "{two_shot}");
+    }
+    let ring_err = row("ring-u16")["err_vs_exact"].as_f64().expect("err");
+    let two_shot_err = two_shot["err_vs_exact"].as_f64().expect("err");
+    assert!(
+        two_shot_err < 2.0 * ring_err + 1e-6,
+        "a bf16 two-shot is as close as the bf16 ring: {two_shot_err} vs {ring_err}"
+    );
+    for (bound, ops) in [
+        ("ring-u8", ["collective-permute u8", "all-gather u8"]),
+        ("twoshot-u8", ["all-to-all u8", "all-gather u8"]),
+    ] {
+        let b = row(bound);
+        for op in ops {
+            assert!(b["wire_types"][op].as_u64() >= Some(1), "{b}");
+        }
+        assert!(
+            b["err_vs_exact"].as_f64().expect("err") > 0.1,
+            "the high byte alone is a bound, not a codec: {b}"
+        );
+        assert_ne!(b["two_byte_baseline"], bound, "{b}");
+    }
+
     let eq = row("equarx:b64-d2");
     assert_eq!(eq["rewritten"], 1, "equarx rewrote the all-reduce: {eq}");
     assert!(

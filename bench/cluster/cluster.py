@@ -495,9 +495,11 @@ def main(argv=None) -> int:
                    "(a synthetic TP transformer), gemma (Gemma 3 270M prefill, TP over the "
                    "processes; needs target/model-cache, see bench/model)")
     r.add_argument("--sizes", default="1,4,16,64", help="collective payloads, MiB of bf16 (4k = 4 KiB)")
-    r.add_argument("--baselines", default="psum,psum-f16,ring-u16,psum-scatter,all-gather,all-gather-u16",
+    r.add_argument("--baselines", default="psum,psum-f16,ring-u16,twoshot-u16,psum-scatter,all-gather,all-gather-u16",
                    help="each workload runs those of its own: allreduce and prefill psum (f32 on "
-                   "the wire), psum-f16, ring-u16 (2-byte ring); reducescatter psum-scatter, "
+                   "the wire), psum-f16, ring-u16 (2-byte ring), twoshot-u16 (2-byte all-to-all and "
+                   "all-gather), ring-u8 and twoshot-u8 (the same with the bf16's high byte: bounds "
+                   "on what 1 byte a element buys, wrong values); reducescatter psum-scatter, "
                    "ring-u16 (the ring's reduce-scatter half, u16); allgather all-gather, "
                    "all-gather-u16 (of the bf16 bits as u16). The first of each (psum, "
                    "psum-scatter, all-gather) is the program as written: what equarx compiles, "

@@ -21,6 +21,14 @@ process):
                  would promote a bf16 collective-permute to f32), summed in
                  f32 and rounded to bf16 at every hop, then an all-gather of
                  u16 — what a bf16 ring all-reduce sends.
+- ``twoshot-u16`` the same bytes as equarx's two-shot: one all-to-all of
+                 the P chunks as u16, each rank's chunk summed in f32 and
+                 rounded to bf16, then an all-gather of u16.
+- ``ring-u8``, ``twoshot-u8``  bounds, not methods: the two above with one
+                 byte a element on the wire, the bf16's high byte (a shift
+                 each way, so values come back as powers of four). What a
+                 free 1-byte codec would buy on this wire and host: the
+                 ceiling of any int8 rewrite of the same exchange.
 - ``equarx:CFG`` the ``psum`` program compiled with equarx enabled through
                  the JAX door (``equarx.jax.enable``).
 
@@ -58,14 +66,18 @@ import trace_summary
 
 MIB = 1 << 20
 
+#: The all-reduce workloads' baselines (``ALL_REDUCE_BASELINES``):
+#: the program as written, two 2-byte ones, and two 1-byte bounds.
+ALL_REDUCE_BASELINES = ("psum", "psum-f16", "ring-u16", "twoshot-u16", "ring-u8", "twoshot-u8")
+
 #: Each workload's baselines; the first is the program as written, which
 #: equarx variants compile and whose output is the unquantized reference.
 BASELINES = {
-    "allreduce": ("psum", "psum-f16", "ring-u16"),
+    "allreduce": ALL_REDUCE_BASELINES,
     "reducescatter": ("psum-scatter", "ring-u16"),
     "allgather": ("all-gather", "all-gather-u16"),
-    "prefill": ("psum", "psum-f16", "ring-u16"),
-    "gemma": ("psum", "psum-f16", "ring-u16"),
+    "prefill": ALL_REDUCE_BASELINES,
+    "gemma": ALL_REDUCE_BASELINES,
 }
 
 #: The gemma workload's shape: batch (windows of the Lee corpus) x seq
@@ -233,15 +245,33 @@ def build(args):
     def ar_psum_f16(v, axis="x"):
         return lax.psum(v.astype(jnp.float16), axis).astype(v.dtype)
 
-    def ring_reduce_scatter_u16(v, axis="x"):
-        """bf16 ring reduce-scatter with 2 bytes per element on the wire:
-        P-1 collective-permutes of u16 bits, each hop summed in f32 and
-        rounded to bf16. Rank r ends with the sum of chunk r (padded to
-        P equal chunks), as a tiled ``psum_scatter`` does."""
+    # The baselines' wire codecs: bf16 → what a collective carries → bf16.
+    # ``u16`` is the bf16's own bits (XLA:CPU would promote a bf16
+    # collective to f32); ``u8`` is its high byte (sign and 7 exponent
+    # bits), a codec that costs a shift: values come back as powers of
+    # four, so ``*-u8`` rows are bounds on what one byte a element buys
+    # on this wire and host, not methods (their error columns say so).
+    codecs = {
+        "u16": (lambda x: lax.bitcast_convert_type(x, jnp.uint16),
+                lambda w: lax.bitcast_convert_type(w, jnp.bfloat16)),
+        "u8": (lambda x: (lax.bitcast_convert_type(x, jnp.uint16) >> 8).astype(jnp.uint8),
+               lambda w: lax.bitcast_convert_type(w.astype(jnp.uint16) << 8, jnp.bfloat16)),
+    }
+
+    def chunked(v):
+        """v flattened, padded to P equal chunks: ``[P, c]``."""
         flat = v.reshape(-1)
         n = flat.shape[0]
         c = -(-n // nproc)
-        chunks = jnp.pad(flat, (0, c * nproc - n)).reshape(nproc, c)
+        return jnp.pad(flat, (0, c * nproc - n)).reshape(nproc, c)
+
+    def ring_reduce_scatter(v, axis="x", codec="u16"):
+        """bf16 ring reduce-scatter with the codec's bytes on the wire:
+        P-1 collective-permutes, each hop summed in f32 and rounded to
+        bf16. Rank r ends with the sum of chunk r (padded to P equal
+        chunks), as a tiled ``psum_scatter`` does."""
+        encode, decode = codecs[codec]
+        chunks = chunked(v)
         r = lax.axis_index(axis)
         succ = [(i, (i + 1) % nproc) for i in range(nproc)]
 
@@ -250,25 +280,42 @@ def build(args):
 
         part = chunk(r - 1).astype(jnp.bfloat16)
         for s in range(nproc - 1):
-            wire = lax.bitcast_convert_type(part, jnp.uint16)
-            got = lax.bitcast_convert_type(lax.ppermute(wire, axis, succ), jnp.bfloat16)
+            got = decode(lax.ppermute(encode(part), axis, succ))
             part = (got.astype(jnp.float32) + chunk(r - 2 - s).astype(jnp.float32)).astype(jnp.bfloat16)
         return part
 
-    def ar_ring_u16(v, axis="x"):
-        """bf16 ring all-reduce with 2 bytes per element on the wire."""
-        shape, dtype = v.shape, v.dtype
-        n = v.size
-        owned = lax.bitcast_convert_type(ring_reduce_scatter_u16(v, axis), jnp.uint16)
-        full = lax.bitcast_convert_type(lax.all_gather(owned, axis, tiled=True), jnp.bfloat16)
-        return full[:n].reshape(shape).astype(dtype)
+    def two_shot_reduce_scatter(v, axis="x", codec="u16"):
+        """bf16 two-shot reduce-scatter with the codec's bytes on the wire:
+        one all-to-all of the P chunks, the P parts of chunk r summed in f32
+        (in rank order) and rounded to bf16 by rank r. The exchange
+        equarx's two-shot makes, with the cheapest codec."""
+        encode, decode = codecs[codec]
+        got = decode(lax.all_to_all(encode(chunked(v).astype(jnp.bfloat16)), axis, 0, 0, tiled=True))
+        # Added row by row, elementwise: XLA:CPU makes a reduce over the
+        # major dimension a YNNPACK kernel several times slower than the
+        # exchange (4 MiB on loopback: 94 ms against 31 ms for equarx).
+        total = got[0].astype(jnp.float32)
+        for k in range(1, nproc):
+            total = total + got[k].astype(jnp.float32)
+        return total.astype(jnp.bfloat16)
+
+    def all_reduce_by(reduce_scatter, codec):
+        """An all-reduce: ``reduce_scatter``, then an all-gather of the
+        owned chunk, the codec's bytes on the wire both ways."""
+        encode, decode = codecs[codec]
+
+        def all_reduce(v, axis="x"):
+            owned = encode(reduce_scatter(v, axis, codec))
+            full = decode(lax.all_gather(owned, axis, tiled=True))
+            return full[:v.size].reshape(v.shape).astype(v.dtype)
+        return all_reduce
 
     def rs_psum_scatter(v):
         return lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True)
 
     def rs_ring_u16(v):
         assert v.shape[0] % nproc == 0, "the payload must divide into P chunks"
-        return ring_reduce_scatter_u16(v).astype(v.dtype)
+        return ring_reduce_scatter(v).astype(v.dtype)
 
     def ag_all_gather(v):
         return lax.all_gather(v, "x", tiled=True)
@@ -277,7 +324,11 @@ def build(args):
         wire = lax.bitcast_convert_type(v, jnp.uint16)
         return lax.bitcast_convert_type(lax.all_gather(wire, "x", tiled=True), v.dtype)
 
-    allreduce_impls = {"psum": ar_psum, "psum-f16": ar_psum_f16, "ring-u16": ar_ring_u16}
+    allreduce_impls = {"psum": ar_psum, "psum-f16": ar_psum_f16,
+                       "ring-u16": all_reduce_by(ring_reduce_scatter, "u16"),
+                       "twoshot-u16": all_reduce_by(two_shot_reduce_scatter, "u16"),
+                       "ring-u8": all_reduce_by(ring_reduce_scatter, "u8"),
+                       "twoshot-u8": all_reduce_by(two_shot_reduce_scatter, "u8")}
     impls = {"allreduce": allreduce_impls, "prefill": allreduce_impls, "gemma": allreduce_impls,
              "reducescatter": {"psum-scatter": rs_psum_scatter, "ring-u16": rs_ring_u16},
              "allgather": {"all-gather": ag_all_gather, "all-gather-u16": ag_all_gather_u16}}
