@@ -445,6 +445,21 @@ fn cases() -> Vec<Case> {
                 },
             )
         },
+        // XLA's verifier refuses flattened ids with no groups listed
+        // ("Replica groups must be specified in flattened-id mode"); so
+        // does equarx's, rather than guess that they mean everyone.
+        case(
+            "flattened_ids_without_groups",
+            edited(|m| {
+                for ar in all_reduces(m) {
+                    ar.channel_id = 1;
+                    ar.use_global_device_ids = true;
+                    ar.replica_group_list = None;
+                    ar.replica_groups.clear();
+                }
+            }),
+            Expect::Error("needs its replica groups listed"),
+        ),
         Case {
             bare: false,
             ..case(

@@ -5,11 +5,12 @@
 //! and what would make XLA reject or misread a module: unique ids and
 //! names, references that resolve, operands before users, a root per
 //! computation, an acyclic call graph, shapes of the ops equarx models (see
-//! [`crate::ir::infer`]), and a schedule that orders exactly each
-//! computation's instructions.
+//! [`crate::ir::infer`]), groups listed where ids are flattened, and a
+//! schedule that orders exactly each computation's instructions.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use crate::ir::groups::{GroupEncoding, GroupMode, ReplicaGroups};
 use crate::ir::opcode::Opcode;
 use crate::ir::{Computation, Module, infer, shape};
 use crate::proto::{HloInstructionProto, LiteralProto, ShapeProto};
@@ -73,6 +74,12 @@ pub enum VerifyError {
         comp: String,
         instr: String,
         what: &'static str,
+    },
+    #[error("{comp}/{instr}: {message}")]
+    BadGroups {
+        comp: String,
+        instr: String,
+        message: String,
     },
     #[error("schedule names computation id {0}, which does not exist")]
     ScheduleUnknownComputation(i64),
@@ -252,6 +259,14 @@ fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(),
             Ok(_) => {}
             Err(message) => return Err(bad(message)),
         }
+        check_groups(instr).map_err(|message| {
+            let (comp, instr) = at();
+            VerifyError::BadGroups {
+                comp,
+                instr,
+                message,
+            }
+        })?;
         if Opcode::of(instr) == Some(Opcode::Parameter) {
             let params = c.header().program_shape.as_ref().map(|p| &p.parameters);
             let n = instr.parameter_number;
@@ -270,6 +285,24 @@ fn verify_computation(c: &Computation, comps: &HashMap<i64, &str>) -> Result<(),
         seen.insert(instr.id, instr);
     }
     Ok(())
+}
+
+/// A collective in flattened-id mode lists its groups: XLA's verifier
+/// rejects an empty list there ("Replica groups must be specified in
+/// flattened-id mode"), since no count says whose ids "everyone" means.
+/// Groups equarx cannot read are the pass's to report, per op.
+fn check_groups(instr: &HloInstructionProto) -> Result<(), String> {
+    if GroupMode::of(instr) != GroupMode::FlattenedId {
+        return Ok(());
+    }
+    match ReplicaGroups::of(instr) {
+        Ok(groups) if groups.encoding == GroupEncoding::Empty => Err(
+            "use_global_device_ids=true needs its replica groups listed (flattened ids); \
+             XLA's verifier rejects replica_groups={}"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Every array shape's layout, when present, names each dimension once.

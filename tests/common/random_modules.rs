@@ -457,13 +457,9 @@ pub fn options() -> impl Strategy<Value = Options> {
 /// the pass can address, of 2 to 16 ranks.
 pub fn kernel_case() -> impl Strategy<Value = Case> {
     // Groups collective-permute can address, of 2 to 16 ranks (the sum
-    // kernel's most), written as XLA takes them (global ids need groups
-    // named).
+    // kernel's most).
     let group = |c: &Case| c.participant_groups().map_or(0, |g| g[0].len() as i64);
-    let kernels_take = move |c: &Case| {
-        (2..=16).contains(&group(c))
-            && !(c.mode == Mode::Flattened && c.encoding == Encoding::Empty)
-    };
+    let kernels_take = move |c: &Case| (2..=16).contains(&group(c));
     (
         case().prop_filter("groups the kernels take", kernels_take),
         1i64..=4,
@@ -534,10 +530,14 @@ pub fn case() -> impl Strategy<Value = Case> {
                     options,
                 };
                 // Keep what is written valid XLA: mesh axes come with global
-                // ids, an empty group list is one group, Both needs N = 2·k
-                // with k ≥ 2.
+                // ids, global ids come with groups listed (XLA's verifier,
+                // and equarx's), an empty group list is one group, Both
+                // needs N = 2·k with k ≥ 2.
                 if c.encoding == Encoding::MeshAxes && c.mode != Mode::Flattened {
                     c.encoding = Encoding::Iota;
+                }
+                if c.encoding == Encoding::Empty && c.mode == Mode::Flattened {
+                    c.encoding = Encoding::List;
                 }
                 if c.encoding == Encoding::Empty {
                     (c.groups, c.size) = (1, c.devices());
