@@ -172,6 +172,19 @@ fn cluster_benchmark_runs_two_processes_on_loopback() {
         eq["speedup_vs_psum"].as_f64().is_some() && eq["speedup_vs_2byte"].as_f64().is_some(),
         "speedups reported: {eq}"
     );
+    // Round by round: the ratio's median and range over the same timed
+    // rounds; the 2-byte baseline against itself is 1 in every round.
+    let rounds = |r: &Value| -> [f64; 3] {
+        ["min", "median", "max"].map(|k| {
+            r["speedup_vs_2byte_rounds"][k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{k} of the rounds: {r}"))
+        })
+    };
+    let [lo, mid, hi] = rounds(eq);
+    assert!(0.0 < lo && lo <= mid && mid <= hi, "{eq}");
+    let base = row(eq["two_byte_baseline"].as_str().expect("a 2-byte baseline"));
+    assert_eq!(rounds(base), [1.0; 3], "{base}");
 
     // The reduce-scatter and the all-gather: XLA:CPU sends them as f32;
     // through the door equarx sends s8 instead, within one quantization's

@@ -338,7 +338,17 @@ def aggregate(ranks: list[dict]) -> list[dict]:
             if best2:
                 r["two_byte_baseline"] = best2["variant"]
                 r["speedup_vs_2byte"] = best2["median_s"] / r["median_s"]
+                r["speedup_vs_2byte_rounds"] = by_round(best2, r)
     return rows
+
+
+def by_round(base: dict, row: dict) -> dict:
+    """``base``'s time over ``row``'s in each timed round (the variants of
+    a workload take turns, round by round): their median, least and
+    most. The spread a ratio of medians hides, and less of the machine's
+    drift between rounds."""
+    ratios = sorted(b / t for b, t in zip(base["slowest_per_run_s"], row["slowest_per_run_s"]))
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
 
 
 def fmt_wire(types: dict) -> str:
@@ -351,10 +361,17 @@ def fmt_wire(types: dict) -> str:
     return ", ".join(parts) or "-"
 
 
+def fmt_rounds(rounds: dict | None) -> str:
+    """``1.19 (1.10–1.23)``: the median ratio of the rounds, and their range."""
+    if not rounds:
+        return "-"
+    return f"{rounds['median']:.2f} ({rounds['min']:.2f}–{rounds['max']:.2f})"
+
+
 def table(rows: list[dict]) -> str:
     head = ["rate", "workload", "size", "variant", "on the wire (optimized HLO)", "median ms",
-            "min–max ms", "MiB/rank (tc)", "× plain", "× 2-byte", "err vs plain", "err vs exact",
-            "identical"]
+            "min–max ms", "MiB/rank (tc)", "× plain", "× 2-byte", "× 2-byte by round",
+            "err vs plain", "err vs exact", "identical"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         tcb = r["tc_bytes_per_rank"]
@@ -366,6 +383,7 @@ def table(rows: list[dict]) -> str:
                  "-" if tcb is None else f"{tcb / (1 << 20):.2f}",
                  f"{r['speedup_vs_psum']:.2f}" if "speedup_vs_psum" in r else "-",
                  f"{r['speedup_vs_2byte']:.2f}" if "speedup_vs_2byte" in r else "-",
+                 fmt_rounds(r.get("speedup_vs_2byte_rounds")),
                  "-" if err is None else ("0" if err == 0 else f"{err * 100:.2f}%"),
                  "-" if exact is None else f"{exact * 100:.2f}%",
                  {True: "yes", False: "NO", None: "n/a"}[r["bit_identical"]]]
@@ -476,7 +494,14 @@ def cmd_cleanup(args) -> int:
 
 def cmd_table(args) -> int:
     with open(args.json) as f:
-        print(table(json.load(f)["rows"]))
+        rows = json.load(f)["rows"]
+    # Results written before the by-round column: the rounds are there.
+    keyed = {(r["rate"], r["workload"], r["size"], r["variant"]): r for r in rows}
+    for r in rows:
+        base = keyed.get((r["rate"], r["workload"], r["size"], r.get("two_byte_baseline")))
+        if base and "speedup_vs_2byte_rounds" not in r:
+            r["speedup_vs_2byte_rounds"] = by_round(base, r)
+    print(table(rows))
     return 0
 
 
