@@ -144,6 +144,17 @@ fn p8() -> HloModuleProto {
     load("psum_bf16_p8.pb")
 }
 
+/// Every all-reduce of `m` in the group mode of `channel_id` and
+/// `use_global_device_ids`, with no replica groups written.
+fn without_groups(m: &mut HloModuleProto, channel_id: i64, global: bool) {
+    for ar in all_reduces(m) {
+        ar.channel_id = channel_id;
+        ar.use_global_device_ids = global;
+        ar.replica_group_list = None;
+        ar.replica_groups.clear();
+    }
+}
+
 fn edited(edit: impl FnOnce(&mut HloModuleProto)) -> Vec<u8> {
     let mut m = p8();
     edit(&mut m);
@@ -431,14 +442,7 @@ fn cases() -> Vec<Case> {
             },
             ..case(
                 "replica_count_2_40_empty_groups",
-                edited(|m| {
-                    for ar in all_reduces(m) {
-                        ar.channel_id = 0;
-                        ar.use_global_device_ids = false;
-                        ar.replica_group_list = None;
-                        ar.replica_groups.clear();
-                    }
-                }),
+                edited(|m| without_groups(m, 0, false)),
                 Expect::Ok {
                     rewritten: false,
                     reason: "outside 1..=",
@@ -450,14 +454,7 @@ fn cases() -> Vec<Case> {
         // does equarx's, rather than guess that they mean everyone.
         case(
             "flattened_ids_without_groups",
-            edited(|m| {
-                for ar in all_reduces(m) {
-                    ar.channel_id = 1;
-                    ar.use_global_device_ids = true;
-                    ar.replica_group_list = None;
-                    ar.replica_groups.clear();
-                }
-            }),
+            edited(|m| without_groups(m, 1, true)),
             Expect::Error("needs its replica groups listed"),
         ),
         Case {
@@ -467,12 +464,7 @@ fn cases() -> Vec<Case> {
                 HloModuleProtoWithConfig {
                     hlo_module: Some({
                         let mut m = p8();
-                        for ar in all_reduces(&mut m) {
-                            ar.channel_id = 0;
-                            ar.use_global_device_ids = false;
-                            ar.replica_group_list = None;
-                            ar.replica_groups.clear();
-                        }
+                        without_groups(&mut m, 0, false);
                         m
                     }),
                     config: Some(hlo_module_config_proto_with(1 << 40)),
